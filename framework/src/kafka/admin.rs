@@ -1,0 +1,136 @@
+//! Topic administration and broker probes.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+use super::{ClientOptions, blocking, kafka_error};
+use crate::{Error, Result};
+
+/// Creates `name` with `partitions` partitions (replication factor 1 unless `configs`
+/// says `replication.factor`), then waits until every partition has a leader, so the
+/// caller can write to it at once. An existing topic is an error.
+pub(crate) async fn create_topic(
+    options: &ClientOptions,
+    name: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<()> {
+    let operation = format!("create topic `{name}`");
+    let admin: AdminClient<DefaultClientContext> = options
+        .config(&[])
+        .create()
+        .map_err(|e| kafka_error(&operation, e))?;
+    let replication = configs
+        .iter()
+        .find(|(key, _)| *key == "replication.factor")
+        .map(|(_, value)| {
+            value.parse::<i32>().map_err(|_| Error::Config {
+                key: "replication.factor".into(),
+                value: (*value).into(),
+                accepted: "a positive whole number".into(),
+            })
+        })
+        .transpose()?
+        .unwrap_or(1);
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replication));
+    for (key, value) in configs
+        .iter()
+        .filter(|(key, _)| *key != "replication.factor")
+    {
+        topic = topic.set(key, value);
+    }
+    let admin_options = AdminOptions::new().operation_timeout(Some(timeout));
+    let results = admin
+        .create_topics([&topic], &admin_options)
+        .await
+        .map_err(|e| kafka_error(&operation, e))?;
+    for result in results {
+        if let Err((topic, code)) = result {
+            return Err(Error::Kafka {
+                operation: format!("create topic `{topic}`"),
+                code: format!("{code:?}"),
+                message: code.to_string(),
+                class: crate::error::ErrorClass::Other,
+            });
+        }
+    }
+    wait_for_leaders(options, name, partitions, timeout).await
+}
+
+/// Waits until metadata shows `topic` with `partitions` partitions, each with a leader.
+async fn wait_for_leaders(
+    options: &ClientOptions,
+    topic: &str,
+    partitions: i32,
+    timeout: Duration,
+) -> Result<()> {
+    let consumer: BaseConsumer = options
+        .config(&[])
+        .create()
+        .map_err(|e| kafka_error("create metadata client", e))?;
+    let topic = topic.to_owned();
+    blocking("wait for topic leaders", move || {
+        let deadline = Instant::now() + timeout;
+        let mut seen = String::from("no metadata yet");
+        while Instant::now() < deadline {
+            match consumer.fetch_metadata(Some(&topic), Duration::from_secs(2)) {
+                Ok(metadata) => {
+                    if let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) {
+                        let led = found
+                            .partitions()
+                            .iter()
+                            .filter(|p| p.leader() >= 0 && p.error().is_none())
+                            .count();
+                        if found.error().is_none() && led == partitions as usize {
+                            return Ok(());
+                        }
+                        seen = format!("{led} of {partitions} partitions have a leader");
+                    }
+                }
+                Err(error) => seen = error.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(Error::Timeout {
+            what: format!("leaders for every partition of `{topic}`"),
+            after: timeout,
+            detail: seen,
+        })
+    })
+    .await
+}
+
+/// Proves the broker answers: metadata lists at least one broker, and a record written
+/// to `topic` (auto-created or existing) is acknowledged by all in-sync replicas.
+pub(crate) async fn probe(options: &ClientOptions, topic: &str, timeout: Duration) -> Result<()> {
+    let timeout_ms = timeout.as_millis().to_string();
+    let producer: FutureProducer = options
+        .config(&[("acks", "all"), ("message.timeout.ms", &timeout_ms)])
+        .create()
+        .map_err(|e| kafka_error("create probe producer", e))?;
+    let metadata_client = producer.clone();
+    let brokers = blocking("fetch metadata", move || {
+        metadata_client
+            .client()
+            .fetch_metadata(None, timeout)
+            .map(|metadata| metadata.brokers().len())
+            .map_err(|e| kafka_error("fetch metadata", e))
+    })
+    .await?;
+    if brokers == 0 {
+        return Err(Error::Broker("metadata lists no broker".into()));
+    }
+    producer
+        .send(
+            FutureRecord::to(topic).key("probe").payload("probe"),
+            timeout,
+        )
+        .await
+        .map_err(|(e, _)| kafka_error(format!("produce to `{topic}`"), e))?;
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! Kafka: the only module that names rdkafka types.
+//!
+//! Everything above it speaks the crate's own types ([`Record`], [`Isolation`],
+//! [`crate::Error`]). Every librdkafka call that blocks a thread goes through
+//! [`blocking`], so no tokio worker ever waits on the broker.
+
+mod admin;
+mod blocking;
+mod error;
+mod read;
+mod types;
+mod write;
+
+pub(crate) use admin::{create_topic, probe};
+pub(crate) use blocking::blocking;
+pub(crate) use error::kafka_error;
+pub(crate) use read::{committed_offsets, read_to_end};
+pub use types::{Isolation, OutgoingRecord, Record};
+pub(crate) use write::produce;
+
+use rdkafka::ClientConfig;
+
+/// How to reach the cluster, and any client property to pass through unchanged.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientOptions {
+    pub(crate) bootstrap_servers: String,
+    pub(crate) properties: Vec<(String, String)>,
+}
+
+impl ClientOptions {
+    pub(crate) fn new(bootstrap_servers: impl Into<String>) -> Self {
+        ClientOptions {
+            bootstrap_servers: bootstrap_servers.into(),
+            properties: Vec::new(),
+        }
+    }
+
+    /// A librdkafka configuration with the bootstrap servers, the pass-through
+    /// properties, and then `overrides` (which win).
+    fn config(&self, overrides: &[(&str, &str)]) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap_servers);
+        // librdkafka logs through its own callback; keep it to errors unless asked.
+        config.set("log_level", "3");
+        for (key, value) in &self.properties {
+            config.set(key, value);
+        }
+        for (key, value) in overrides {
+            config.set(*key, *value);
+        }
+        config
+    }
+}

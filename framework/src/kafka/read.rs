@@ -1,0 +1,150 @@
+//! Reading a topic to its end, and a group's committed offsets.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{ClientOptions, Isolation, Record, blocking, kafka_error};
+use crate::{Error, Result};
+
+/// Reads every partition of `topic` from the beginning to its end as of now and returns
+/// the records in partition, then offset, order.
+///
+/// "The end" is where librdkafka reports end-of-partition for the chosen isolation: the
+/// high watermark under `read_uncommitted`, the last stable offset under `read_committed`
+/// (so an open transaction stops the read where it starts, as it stops any consumer).
+pub(crate) async fn read_to_end(
+    options: &ClientOptions,
+    topic: &str,
+    isolation: Isolation,
+    timeout: Duration,
+) -> Result<Vec<Record>> {
+    let operation = format!("read `{topic}` to its end ({})", isolation.as_config());
+    let consumer: BaseConsumer = options
+        .config(&[
+            // A group is required by the consumer API; nothing is ever committed to it.
+            ("group.id", "onceflow-reader"),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("enable.partition.eof", "true"),
+            ("isolation.level", isolation.as_config()),
+        ])
+        .create()
+        .map_err(|e| kafka_error(&operation, e))?;
+    let topic = topic.to_owned();
+    blocking(&operation.clone(), move || {
+        let deadline = Instant::now() + timeout;
+        let partitions = partitions_of(&consumer, &topic, timeout)?;
+        let mut assignment = TopicPartitionList::new();
+        for partition in &partitions {
+            assignment
+                .add_partition_offset(&topic, *partition, Offset::Beginning)
+                .map_err(|e| kafka_error(&operation, e))?;
+        }
+        consumer
+            .assign(&assignment)
+            .map_err(|e| kafka_error(&operation, e))?;
+
+        let mut not_at_end: BTreeSet<i32> = partitions.into_iter().collect();
+        let mut records = Vec::new();
+        while !not_at_end.is_empty() {
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: operation,
+                    after: timeout,
+                    detail: format!(
+                        "{} records read; partitions {not_at_end:?} did not reach their end",
+                        records.len()
+                    ),
+                });
+            }
+            match consumer.poll(Duration::from_millis(100)) {
+                None => {}
+                Some(Ok(message)) => records.push(to_record(&message)),
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                    not_at_end.remove(&partition);
+                }
+                Some(Err(error)) => return Err(kafka_error(&operation, error)),
+            }
+        }
+        records.sort_by_key(|r| (r.partition, r.offset));
+        Ok(records)
+    })
+    .await
+}
+
+/// The offsets `group` has committed for each partition of `topic` (`None`: nothing
+/// committed for that partition).
+pub(crate) async fn committed_offsets(
+    options: &ClientOptions,
+    group: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<BTreeMap<i32, Option<i64>>> {
+    let operation = format!("read offsets of group `{group}` on `{topic}`");
+    let consumer: BaseConsumer = options
+        .config(&[("group.id", group), ("enable.auto.commit", "false")])
+        .create()
+        .map_err(|e| kafka_error(&operation, e))?;
+    let topic = topic.to_owned();
+    blocking(&operation.clone(), move || {
+        let mut query = TopicPartitionList::new();
+        for partition in partitions_of(&consumer, &topic, timeout)? {
+            query.add_partition(&topic, partition);
+        }
+        let committed = consumer
+            .committed_offsets(query, timeout)
+            .map_err(|e| kafka_error(&operation, e))?;
+        Ok(committed
+            .elements()
+            .iter()
+            .map(|element| {
+                let offset = match element.offset() {
+                    Offset::Offset(offset) => Some(offset),
+                    _ => None,
+                };
+                (element.partition(), offset)
+            })
+            .collect())
+    })
+    .await
+}
+
+/// The partition numbers of `topic`; an error if the topic does not exist.
+fn partitions_of(consumer: &BaseConsumer, topic: &str, timeout: Duration) -> Result<Vec<i32>> {
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| kafka_error(format!("fetch metadata of `{topic}`"), e))?;
+    let found = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+        .ok_or_else(|| Error::Broker(format!("topic `{topic}` does not exist")))?;
+    Ok(found.partitions().iter().map(|p| p.id()).collect())
+}
+
+fn to_record(message: &impl Message) -> Record {
+    let headers = message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|header| (header.key.to_owned(), header.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        topic: message.topic().to_owned(),
+        partition: message.partition(),
+        offset: message.offset(),
+        key: message.key().map(<[u8]>::to_vec),
+        value: message.payload().map(<[u8]>::to_vec),
+        headers,
+        timestamp_ms: message.timestamp().to_millis(),
+    }
+}

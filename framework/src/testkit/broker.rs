@@ -1,0 +1,368 @@
+//! Starting (or finding) the broker, proving it ready, and removing it at exit.
+//!
+//! All Docker calls run on one small runtime owned by this module: each `#[tokio::test]`
+//! has its own runtime, which is gone when that test ends, while the container is shared
+//! by every test of the binary and must outlive any one of them.
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use testcontainers::core::{ContainerPort, IntoContainerPort};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+use tokio::sync::{Mutex, OnceCell};
+
+use super::Kafka;
+use crate::kafka::{self as client, ClientOptions};
+use crate::{Error, Result};
+
+/// The Apache Kafka version the tests run against.
+pub const KAFKA_VERSION: &str = "4.1.1";
+/// The official image of [`KAFKA_VERSION`].
+pub const OFFICIAL_IMAGE: &str = "apache/kafka:4.1.1";
+/// The equivalent image `docker/kafka/build.sh` builds where images cannot be pulled.
+pub const LOCAL_IMAGE: &str = "onceflow/kafka:4.1.1-local";
+
+/// Port the broker listens on for clients, inside the container.
+const CLIENT_PORT: u16 = 9092;
+/// Topic the readiness probe writes to.
+const PROBE_TOPIC: &str = "__onceflow_ready";
+/// How long a started broker may take to answer, unless `ONCEFLOW_TEST_BROKER_TIMEOUT`
+/// (seconds) says otherwise.
+const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+static DOCKER: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("onceflow-testkit-docker")
+        .enable_all()
+        .build()
+        .expect("the testkit's Docker runtime could not be built")
+});
+
+/// The started container, taken and removed at process exit.
+static CONTAINER: Mutex<Option<ContainerAsync<GenericImage>>> = Mutex::const_new(None);
+
+static SHARED: OnceCell<std::result::Result<Kafka, String>> = OnceCell::const_new();
+
+/// The broker shared by every test of this binary, started on first use.
+///
+/// # Panics
+/// When no broker can be started or reached; the message says why and, for a started
+/// container, ends with its log.
+pub async fn kafka() -> &'static Kafka {
+    let shared = SHARED
+        .get_or_init(|| async { start().await.map_err(|e| e.to_string()) })
+        .await;
+    match shared {
+        Ok(kafka) => kafka,
+        Err(message) => panic!("no Kafka broker for the tests: {message}"),
+    }
+}
+
+#[derive(Debug)]
+pub(super) enum Broker {
+    /// Reached through `ONCEFLOW_TEST_BOOTSTRAP`; not ours to pause or stop.
+    External,
+    /// Started by the testkit.
+    Container { id: String },
+}
+
+impl Broker {
+    pub(super) fn is_managed(&self) -> bool {
+        matches!(self, Broker::Container { .. })
+    }
+
+    pub(super) async fn pause(&self) -> Result<()> {
+        self.set_paused(true).await
+    }
+
+    pub(super) async fn unpause(&self) -> Result<()> {
+        self.set_paused(false).await
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        let what = if paused { "pause" } else { "unpause" };
+        if !self.is_managed() {
+            return Err(Error::Broker(format!(
+                "cannot {what} a broker reached through ONCEFLOW_TEST_BOOTSTRAP"
+            )));
+        }
+        DOCKER
+            .spawn(async move {
+                let guard = CONTAINER.lock().await;
+                let container = guard
+                    .as_ref()
+                    .ok_or_else(|| Error::Broker(format!("{what}: the container is gone")))?;
+                let result = if paused {
+                    container.pause().await
+                } else {
+                    container.unpause().await
+                };
+                result.map_err(|e| Error::Broker(format!("{what}: {e}")))
+            })
+            .await
+            .map_err(|e| Error::Broker(format!("{what}: {e}")))?
+    }
+
+    pub(super) async fn log_tail(&self, lines: usize) -> String {
+        match self {
+            Broker::External => "(the broker was not started by the testkit: no log)".into(),
+            Broker::Container { id } => {
+                let id = id.clone();
+                DOCKER
+                    .spawn(async move {
+                        let guard = CONTAINER.lock().await;
+                        match guard.as_ref() {
+                            Some(container) => container_log_tail(container, lines).await,
+                            None => format!("(container {id} is gone)"),
+                        }
+                    })
+                    .await
+                    .unwrap_or_else(|e| format!("(log not available: {e})"))
+            }
+        }
+    }
+}
+
+async fn start() -> Result<Kafka> {
+    let timeout = ready_timeout()?;
+    if let Ok(bootstrap) = std::env::var("ONCEFLOW_TEST_BOOTSTRAP") {
+        let kafka = Kafka {
+            options: ClientOptions::new(bootstrap),
+            broker: Broker::External,
+        };
+        wait_ready(&kafka, timeout).await?;
+        return Ok(kafka);
+    }
+    let (id, port) = DOCKER
+        .spawn(start_container())
+        .await
+        .map_err(|e| Error::Broker(format!("starting the container: {e}")))??;
+    register_removal_at_exit();
+    // The container maps the port on every host address; 127.0.0.1 is the one that works
+    // everywhere, including inside a container where testcontainers would pick the bridge.
+    let kafka = Kafka {
+        options: ClientOptions::new(format!("127.0.0.1:{port}")),
+        broker: Broker::Container { id },
+    };
+    wait_ready(&kafka, timeout).await?;
+    Ok(kafka)
+}
+
+fn ready_timeout() -> Result<Duration> {
+    match std::env::var("ONCEFLOW_TEST_BROKER_TIMEOUT") {
+        Err(_) => Ok(DEFAULT_READY_TIMEOUT),
+        Ok(seconds) => seconds
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| Error::Config {
+                key: "ONCEFLOW_TEST_BROKER_TIMEOUT".into(),
+                value: seconds,
+                accepted: "a whole number of seconds".into(),
+            }),
+    }
+}
+
+/// Polls the broker (create the probe topic, read metadata, write a record) until it
+/// answers or `timeout` passes; the error then says what was seen and shows the log.
+async fn wait_ready(kafka: &Kafka, timeout: Duration) -> Result<()> {
+    let started = Instant::now();
+    let attempt_timeout = Duration::from_secs(5);
+    let mut last_error;
+    loop {
+        let attempt = async {
+            match client::create_topic(&kafka.options, PROBE_TOPIC, 1, &[], attempt_timeout).await {
+                Err(Error::Kafka { code, .. }) if code == "TopicAlreadyExists" => {}
+                other => other?,
+            }
+            client::probe(&kafka.options, PROBE_TOPIC, attempt_timeout).await
+        };
+        match attempt.await {
+            Ok(()) => {
+                tracing::info!(bootstrap = kafka.bootstrap_servers(), after = ?started.elapsed(), "test broker ready");
+                return Ok(());
+            }
+            Err(error) => last_error = error.to_string(),
+        }
+        if kafka.broker.is_managed() && !container_running().await {
+            return Err(Error::Broker(format!(
+                "the Kafka container exited before it was ready (last probe: {last_error})\n\
+                 --- broker log (last 60 lines) ---\n{}",
+                kafka.log_tail(60).await
+            )));
+        }
+        if started.elapsed() >= timeout {
+            return Err(Error::Broker(format!(
+                "Kafka at {} did not become ready within {timeout:?} (last probe: {last_error})\n\
+                 --- broker log (last 60 lines) ---\n{}",
+                kafka.bootstrap_servers(),
+                kafka.log_tail(60).await
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn container_running() -> bool {
+    DOCKER
+        .spawn(async {
+            let guard = CONTAINER.lock().await;
+            match guard.as_ref() {
+                Some(container) => container.is_running().await.unwrap_or(false),
+                None => false,
+            }
+        })
+        .await
+        .unwrap_or(false)
+}
+
+/// The image to run: `ONCEFLOW_KAFKA_IMAGE`, else the local build if present, else the
+/// official image.
+async fn choose_image() -> String {
+    if let Ok(image) = std::env::var("ONCEFLOW_KAFKA_IMAGE") {
+        return image;
+    }
+    let local_exists = match testcontainers::bollard::Docker::connect_with_defaults() {
+        Ok(docker) => docker.inspect_image(LOCAL_IMAGE).await.is_ok(),
+        Err(_) => false,
+    };
+    if local_exists {
+        LOCAL_IMAGE.to_owned()
+    } else {
+        OFFICIAL_IMAGE.to_owned()
+    }
+}
+
+/// Splits `name[:tag]`, where the name may hold a registry port (`host:5000/kafka:4.1.1`).
+fn split_image(image: &str) -> (&str, &str) {
+    match image.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => (name, tag),
+        _ => (image, "latest"),
+    }
+}
+
+/// Starts the container and returns its ID and the host port clients connect to.
+async fn start_container() -> Result<(String, u16)> {
+    let image = choose_image().await;
+    let (name, tag) = split_image(&image);
+    let mut last_error = String::new();
+    // The host port must be known before start, because the broker advertises it; a port
+    // taken between choosing and binding is retried with another.
+    for _ in 0..3 {
+        let port = free_port()?;
+        let advertised = format!("PLAINTEXT://127.0.0.1:{port},BROKER://localhost:9094");
+        let request = GenericImage::new(name, tag)
+            .with_exposed_port(CLIENT_PORT.tcp())
+            .with_mapped_port(port, ContainerPort::Tcp(CLIENT_PORT))
+            .with_label("dev.onceflow.testkit", "broker")
+            .with_env_var("CLUSTER_ID", "b25jZWZsb3ctdGVzdGtpdA")
+            .with_env_var("KAFKA_NODE_ID", "1")
+            .with_env_var("KAFKA_PROCESS_ROLES", "broker,controller")
+            .with_env_var(
+                "KAFKA_LISTENERS",
+                "PLAINTEXT://:9092,CONTROLLER://:9093,BROKER://:9094",
+            )
+            .with_env_var("KAFKA_ADVERTISED_LISTENERS", advertised)
+            .with_env_var(
+                "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,BROKER:PLAINTEXT",
+            )
+            .with_env_var("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER")
+            .with_env_var("KAFKA_INTER_BROKER_LISTENER_NAME", "BROKER")
+            .with_env_var("KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093")
+            .with_env_var("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1")
+            .with_env_var("KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS", "4")
+            // Transactions on a single broker need both of these at 1 (DESIGN.md §6).
+            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS", "4")
+            .with_env_var("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
+            // A missing topic must be an error the tests can see, not a silent creation.
+            .with_env_var("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+            .with_env_var("KAFKA_HEAP_OPTS", "-Xmx768m -Xms256m")
+            .with_startup_timeout(Duration::from_secs(300));
+        match request.start().await {
+            Ok(container) => {
+                let id = container.id().to_owned();
+                *CONTAINER.lock().await = Some(container);
+                return Ok((id, port));
+            }
+            Err(error) => {
+                last_error = error.to_string();
+                if !last_error.contains("port is already allocated")
+                    && !last_error.contains("address already in use")
+                {
+                    break;
+                }
+            }
+        }
+    }
+    Err(Error::Broker(format!(
+        "could not start a Kafka container from `{image}`: {last_error}\n\
+         Is the Docker engine running? Where images cannot be pulled, build the local one with \
+         `docker/kafka/build.sh` (it is then used automatically) or point ONCEFLOW_KAFKA_IMAGE \
+         at one you have; ONCEFLOW_TEST_BOOTSTRAP=host:port uses a running broker instead."
+    )))
+}
+
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::Broker(format!("no free local port for the broker: {e}")))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Error::Broker(e.to_string()))
+}
+
+async fn container_log_tail(container: &ContainerAsync<GenericImage>, lines: usize) -> String {
+    let mut text =
+        String::from_utf8_lossy(&container.stdout_to_vec().await.unwrap_or_default()).into_owned();
+    text.push_str(&String::from_utf8_lossy(
+        &container.stderr_to_vec().await.unwrap_or_default(),
+    ));
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Statics are never dropped, so the shared container would outlive the test binary;
+/// remove it when the process exits.
+fn register_removal_at_exit() {
+    extern "C" fn remove_container() {
+        let _ = std::panic::catch_unwind(|| {
+            DOCKER.block_on(async {
+                if let Some(container) = CONTAINER.lock().await.take() {
+                    let _ = container.rm().await;
+                }
+            });
+        });
+    }
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: `remove_container` is a plain `extern "C" fn()` that catches every panic,
+        // as `atexit` requires of its handlers.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::atexit(remove_container);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_image;
+
+    #[test]
+    fn image_references_split_at_the_tag_not_the_registry_port() {
+        assert_eq!(split_image("apache/kafka:4.1.1"), ("apache/kafka", "4.1.1"));
+        assert_eq!(
+            split_image("registry:5000/kafka:4.1.1"),
+            ("registry:5000/kafka", "4.1.1")
+        );
+        assert_eq!(
+            split_image("registry:5000/kafka"),
+            ("registry:5000/kafka", "latest")
+        );
+        assert_eq!(split_image("kafka"), ("kafka", "latest"));
+    }
+}

@@ -1,0 +1,126 @@
+//! Kafka for tests: a real Apache Kafka broker and the helpers tests need around it.
+//!
+//! ```no_run
+//! # async fn demo() -> onceflow::Result<()> {
+//! use onceflow::testkit::{self, Isolation, OutgoingRecord};
+//!
+//! let kafka = testkit::kafka().await; // one broker per test binary, started on first use
+//! let topic = testkit::unique_name("orders");
+//! kafka.create_topic(&topic, 3).await?;
+//! kafka.produce(&topic, vec![OutgoingRecord::keyed("customer-1", "{\"amount\":5}")]).await?;
+//! let seen = kafka.read_to_end(&topic, Isolation::ReadCommitted).await?;
+//! assert_eq!(seen.len(), 1);
+//! # Ok(()) }
+//! ```
+//!
+//! Which broker:
+//!
+//! - `ONCEFLOW_TEST_BOOTSTRAP=host:port` uses a broker that is already running, and starts
+//!   nothing.
+//! - Otherwise a single-node KRaft broker (combined broker and controller) is started with
+//!   testcontainers from `ONCEFLOW_KAFKA_IMAGE`. When that is unset, the image built here
+//!   by `docker/kafka/build.sh` ([`LOCAL_IMAGE`]) is used if it exists, else the official
+//!   [`OFFICIAL_IMAGE`]. The container is removed when the test binary exits.
+//!
+//! Every test should take its own names from [`unique_name`] (topics, groups,
+//! transactional IDs), so tests sharing the broker never see each other's data.
+
+mod broker;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::Result;
+use crate::kafka::{self as client, ClientOptions};
+pub use crate::kafka::{Isolation, OutgoingRecord, Record};
+pub use broker::{KAFKA_VERSION, LOCAL_IMAGE, OFFICIAL_IMAGE, kafka};
+
+/// How long helpers wait for the broker before they fail with what they saw.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A name no other test uses: `prefix` followed by a random suffix.
+pub fn unique_name(prefix: &str) -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}-{}", &random[..12])
+}
+
+/// A broker the tests can talk to.
+#[derive(Debug)]
+pub struct Kafka {
+    options: ClientOptions,
+    broker: broker::Broker,
+}
+
+impl Kafka {
+    /// `host:port` to give clients as `bootstrap.servers`.
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.options.bootstrap_servers
+    }
+
+    /// Creates a topic with `partitions` partitions and waits until each has a leader.
+    pub async fn create_topic(&self, name: &str, partitions: i32) -> Result<()> {
+        self.create_topic_with(name, partitions, &[]).await
+    }
+
+    /// Creates a topic with topic-level `configs` (e.g. `("cleanup.policy", "compact")`).
+    pub async fn create_topic_with(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: &[(&str, &str)],
+    ) -> Result<()> {
+        client::create_topic(&self.options, name, partitions, configs, DEFAULT_TIMEOUT).await
+    }
+
+    /// Writes records with an idempotent producer and returns where each landed
+    /// (`(partition, offset)`, in order).
+    pub async fn produce(
+        &self,
+        topic: &str,
+        records: impl IntoIterator<Item = OutgoingRecord>,
+    ) -> Result<Vec<(i32, i64)>> {
+        client::produce(
+            &self.options,
+            topic,
+            records.into_iter().collect(),
+            DEFAULT_TIMEOUT,
+        )
+        .await
+    }
+
+    /// Reads `topic` from the beginning to its current end under `isolation`, in
+    /// partition then offset order.
+    pub async fn read_to_end(&self, topic: &str, isolation: Isolation) -> Result<Vec<Record>> {
+        client::read_to_end(&self.options, topic, isolation, DEFAULT_TIMEOUT).await
+    }
+
+    /// The offsets `group` has committed on each partition of `topic`.
+    pub async fn committed_offsets(
+        &self,
+        group: &str,
+        topic: &str,
+    ) -> Result<BTreeMap<i32, Option<i64>>> {
+        client::committed_offsets(&self.options, group, topic, DEFAULT_TIMEOUT).await
+    }
+
+    /// Freezes the broker (every client request goes unanswered) until [`Kafka::unpause`].
+    /// Only possible on a broker the testkit started.
+    pub async fn pause(&self) -> Result<()> {
+        self.broker.pause().await
+    }
+
+    /// Lets a paused broker go on.
+    pub async fn unpause(&self) -> Result<()> {
+        self.broker.unpause().await
+    }
+
+    /// `true` when the testkit started this broker (and so can pause it).
+    pub fn is_managed(&self) -> bool {
+        self.broker.is_managed()
+    }
+
+    /// The last `lines` lines the broker logged, for failure messages.
+    pub async fn log_tail(&self, lines: usize) -> String {
+        self.broker.log_tail(lines).await
+    }
+}
