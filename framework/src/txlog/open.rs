@@ -1,0 +1,407 @@
+//! Opening the transaction log, and replacing a file that cannot be used.
+//!
+//! The file is a cache of the changelog, so a file redb rejects as damaged, or one of
+//! another layout, is not worth repairing by hand: it is moved aside (kept, for a post-mortem)
+//! and a new one is created, which the engine fills by replaying the changelog. A file that
+//! is merely locked is different: another instance is using it, and replacing it under that
+//! instance would break exactly-once, so that is an error.
+
+use std::any::Any;
+use std::fs;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redb::{Builder, Database, Durability, ReadableTable, TableHandle};
+
+use super::tables::{
+    CHECKPOINT, FORMAT_VERSION_KEY, Failure, META, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT,
+    STATE, STATE_COUNT, classify, state_error,
+};
+use super::{FORMAT_VERSION, Opened, TXLOG_FILE, TxLog};
+use crate::{Error, Result};
+
+impl TxLog {
+    /// Opens or creates `dir/txlog.redb` (creating `dir` with mode 0700). A file that redb cannot open because it is
+    /// corrupt, or whose stored format version is not FORMAT_VERSION, is moved aside to `txlog.redb.corrupt-<unix secs>` and a fresh
+    /// one is created: Opened::Rebuilt{reason} (the engine then replays the changelog from the beginning and logs the reason).
+    /// A file locked by another process (redb's DatabaseAlreadyOpen) is an Error::State, NOT a rebuild.
+    pub(crate) fn open(dir: &Path) -> Result<(TxLog, Opened)> {
+        create_state_dir(dir)?;
+        let path = dir.join(TXLOG_FILE);
+        let reason = match attempt(&path)? {
+            Attempt::Ready { db, initialized } => {
+                let opened = if initialized {
+                    Opened::Fresh
+                } else {
+                    Opened::Existing
+                };
+                return Ok((TxLog { db, path }, opened));
+            }
+            Attempt::Unusable(reason) => reason,
+        };
+        let aside = move_aside(&path)?;
+        let reason = format!("{reason}; the old file was moved to {}", aside.display());
+        tracing::warn!(path = %path.display(), %reason, "rebuilding the transaction log");
+        match attempt(&path)? {
+            Attempt::Ready { db, .. } => Ok((TxLog { db, path }, Opened::Rebuilt { reason })),
+            Attempt::Unusable(again) => Err(Error::State {
+                path,
+                message: format!(
+                    "a new transaction log is unusable too ({again}) after the old one was \
+                     ({reason}); check the disk and the state directory"
+                ),
+            }),
+        }
+    }
+}
+
+/// The outcome of one try at opening the file.
+enum Attempt {
+    /// Open, with the current format.
+    Ready {
+        /// The open file.
+        db: Database,
+        /// Whether the file was new (or empty) and its format was written just now.
+        initialized: bool,
+    },
+    /// The file must be rebuilt, for this reason. It is closed.
+    Unusable(String),
+}
+
+/// Opens `path` with redb and checks its format.
+fn attempt(path: &Path) -> Result<Attempt> {
+    let doing = "opening the transaction log";
+    let mut builder = Builder::new();
+    // A plain open trusts a cleanly closed file and may panic on one damaged since; the
+    // check (a read of the whole file) reports the damage as an error instead.
+    builder.set_check_integrity_on_open(true);
+    // The catch is the last line of defence for "never panic on bad data": whatever redb
+    // does with a damaged file, the outcome is a rebuild, not a crash loop.
+    let opened = panic::catch_unwind(AssertUnwindSafe(|| {
+        let db = builder.create(path)?;
+        let format = check_format(&db)?;
+        Ok::<_, redb::Error>((db, format))
+    }));
+    match opened {
+        Ok(Ok((db, Format::Current { initialized }))) => Ok(Attempt::Ready { db, initialized }),
+        // The database is dropped, and so closed, before the caller moves the file.
+        Ok(Ok((_, Format::Other(reason)))) => Ok(Attempt::Unusable(reason)),
+        Ok(Err(err)) => match classify(&err) {
+            Failure::Unusable => Ok(Attempt::Unusable(format!("redb cannot use it: {err}"))),
+            Failure::Locked | Failure::Other => Err(state_error(path, doing, err)),
+        },
+        Err(payload) => Ok(Attempt::Unusable(format!(
+            "redb panicked opening it: {}",
+            panic_message(payload.as_ref())
+        ))),
+    }
+}
+
+/// What [`check_format`] found.
+enum Format {
+    /// Ours and current; `initialized` when the file was empty and the version just written.
+    Current {
+        /// Whether the format version was written just now.
+        initialized: bool,
+    },
+    /// Not ours, or of another format version, for this reason.
+    Other(String),
+}
+
+/// Checks the stored format version, writing it into a file that has no tables yet, and
+/// creates the tables, so that read transactions never find one missing.
+fn check_format(db: &Database) -> std::result::Result<Format, redb::Error> {
+    let mut txn = db.begin_write()?;
+    let existing: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
+    let initialized = {
+        let mut meta = txn.open_table(META)?;
+        let stored = meta.get(FORMAT_VERSION_KEY)?.map(|guard| guard.value());
+        match stored {
+            Some(version) if version == u64::from(FORMAT_VERSION) => false,
+            Some(version) => {
+                return Ok(Format::Other(format!(
+                    "it holds format version {version}, this build reads version {FORMAT_VERSION}"
+                )));
+            }
+            None if existing.is_empty() => {
+                meta.insert(FORMAT_VERSION_KEY, u64::from(FORMAT_VERSION))?;
+                true
+            }
+            None => {
+                return Ok(Format::Other(format!(
+                    "it has tables ({}) but no format version",
+                    existing.join(", ")
+                )));
+            }
+        }
+    };
+    // Opening checks each table's key and value types against the stored ones.
+    txn.open_table(PROCESSED)?;
+    txn.open_table(PROCESSED_BY_TIME)?;
+    txn.open_table(PROCESSED_COUNT)?;
+    txn.open_table(STATE)?;
+    txn.open_table(STATE_COUNT)?;
+    txn.open_table(CHECKPOINT)?;
+    txn.set_durability(Durability::Immediate)?;
+    txn.commit()?;
+    Ok(Format::Current { initialized })
+}
+
+/// Creates the state directory, private to its owner: the log holds the users' state.
+fn create_state_dir(dir: &Path) -> Result<()> {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir).map_err(|e| Error::State {
+        path: dir.to_path_buf(),
+        message: format!(
+            "creating the state directory failed: {e}; check that its parent is writable or \
+             choose another state dir"
+        ),
+    })
+}
+
+/// Renames the unusable file to `txlog.redb.corrupt-<unix secs>` (with a `-<n>` suffix if
+/// that exists), keeping it for a post-mortem; returns the new path.
+fn move_aside(path: &Path) -> Result<PathBuf> {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    let base = format!("{TXLOG_FILE}.corrupt-{secs}");
+    let mut aside = path.with_file_name(&base);
+    let mut n = 1u32;
+    while aside.exists() {
+        aside = path.with_file_name(format!("{base}-{n}"));
+        n += 1;
+    }
+    fs::rename(path, &aside).map_err(|e| Error::State {
+        path: path.to_path_buf(),
+        message: format!(
+            "moving the unusable transaction log aside to {} failed: {e}; move or delete it by \
+             hand and restart",
+            aside.display()
+        ),
+    })?;
+    Ok(aside)
+}
+
+/// The message of a caught panic.
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(no message)".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redb::TableDefinition;
+
+    use super::*;
+    use crate::txlog::Change;
+
+    fn corrupt_files(dir: &Path) -> Vec<PathBuf> {
+        let mut found: Vec<PathBuf> = fs::read_dir(dir)
+            .expect("read dir")
+            .map(|entry| entry.expect("entry").path())
+            .filter(|path| {
+                path.file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name.starts_with("txlog.redb.corrupt-"))
+            })
+            .collect();
+        found.sort();
+        found
+    }
+
+    fn write_something(log: &TxLog) {
+        let change = Change::Processed {
+            id: "a".into(),
+            offset: 1,
+            processed_at_ms: 2,
+        };
+        log.apply(&[(0, vec![change], Some(2))]).expect("apply");
+    }
+
+    #[test]
+    fn a_new_directory_is_created_private_and_fresh() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a").join("b");
+        let (log, opened) = TxLog::open(&dir).unwrap();
+        assert_eq!(opened, Opened::Fresh);
+        assert_eq!(log.path(), dir.join(TXLOG_FILE));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(&dir).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700);
+        }
+    }
+
+    #[test]
+    fn reopening_keeps_the_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = TxLog::open(dir.path()).unwrap();
+        write_something(&log);
+        drop(log);
+        let (log, opened) = TxLog::open(dir.path()).unwrap();
+        assert_eq!(opened, Opened::Existing);
+        assert!(log.is_processed(0, "a").unwrap());
+        assert_eq!(log.checkpoint(0).unwrap(), Some(2));
+        assert!(corrupt_files(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn an_empty_file_is_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(TXLOG_FILE), b"").unwrap();
+        let (_log, opened) = TxLog::open(dir.path()).unwrap();
+        assert_eq!(opened, Opened::Fresh);
+    }
+
+    #[test]
+    fn a_garbage_file_is_moved_aside_and_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let garbage = b"this is not a redb file, just some bytes".repeat(200);
+        fs::write(dir.path().join(TXLOG_FILE), &garbage).unwrap();
+
+        let (log, opened) = TxLog::open(dir.path()).unwrap();
+        let Opened::Rebuilt { reason } = opened else {
+            panic!("expected a rebuild, got {opened:?}");
+        };
+        let aside = corrupt_files(dir.path());
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(
+            fs::read(&aside[0]).unwrap(),
+            garbage,
+            "the old file is kept as it was"
+        );
+        assert!(reason.contains(&aside[0].display().to_string()), "{reason}");
+
+        // The new file works and is ours from now on.
+        write_something(&log);
+        drop(log);
+        let (_log, opened) = TxLog::open(dir.path()).unwrap();
+        assert_eq!(opened, Opened::Existing);
+    }
+
+    #[test]
+    fn a_damaged_file_is_rebuilt_and_never_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = TxLog::open(dir.path()).unwrap();
+        write_something(&log);
+        drop(log);
+        // Keep redb's header (so it is recognised as a redb file) and scramble the rest.
+        let path = dir.path().join(TXLOG_FILE);
+        let mut bytes = fs::read(&path).unwrap();
+        for (n, byte) in bytes.iter_mut().enumerate().skip(4096) {
+            *byte = (n % 251) as u8;
+        }
+        fs::write(&path, &bytes).unwrap();
+
+        let (log, opened) = TxLog::open(dir.path()).unwrap();
+        assert!(matches!(opened, Opened::Rebuilt { .. }), "{opened:?}");
+        assert!(!log.is_processed(0, "a").unwrap());
+        assert_eq!(corrupt_files(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn another_format_version_is_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TXLOG_FILE);
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(FORMAT_VERSION_KEY, u64::from(FORMAT_VERSION) + 1)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let (_log, opened) = TxLog::open(dir.path()).unwrap();
+        let Opened::Rebuilt { reason } = opened else {
+            panic!("expected a rebuild, got {opened:?}");
+        };
+        assert!(reason.contains("format version 2"), "{reason}");
+        assert_eq!(corrupt_files(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn a_foreign_redb_file_is_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TXLOG_FILE);
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            let other: TableDefinition<'_, u64, u64> = TableDefinition::new("someone_else");
+            txn.open_table(other).unwrap().insert(1, 2).unwrap();
+            // A table of ours with other types, as a different layout would have.
+            let processed: TableDefinition<'_, u64, u64> = TableDefinition::new("processed");
+            txn.open_table(processed).unwrap().insert(1, 2).unwrap();
+            txn.commit().unwrap();
+        }
+        let (_log, opened) = TxLog::open(dir.path()).unwrap();
+        let Opened::Rebuilt { reason } = opened else {
+            panic!("expected a rebuild, got {opened:?}");
+        };
+        assert!(reason.contains("no format version"), "{reason}");
+    }
+
+    #[test]
+    fn a_table_of_another_type_is_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TXLOG_FILE);
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(FORMAT_VERSION_KEY, u64::from(FORMAT_VERSION))
+                .unwrap();
+            let processed: TableDefinition<'_, u64, u64> = TableDefinition::new("processed");
+            txn.open_table(processed).unwrap().insert(1, 2).unwrap();
+            txn.commit().unwrap();
+        }
+        let (_log, opened) = TxLog::open(dir.path()).unwrap();
+        assert!(matches!(opened, Opened::Rebuilt { .. }), "{opened:?}");
+    }
+
+    #[test]
+    fn a_file_in_use_is_an_error_not_a_rebuild() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = TxLog::open(dir.path()).unwrap();
+        write_something(&first);
+        let err = TxLog::open(dir.path()).unwrap_err();
+        let Error::State { path, message } = &err else {
+            panic!("expected Error::State, got {err:?}");
+        };
+        assert_eq!(path, &dir.path().join(TXLOG_FILE));
+        assert!(message.contains("another onceflow instance"), "{message}");
+        assert!(
+            corrupt_files(dir.path()).is_empty(),
+            "nothing was moved aside"
+        );
+        // The first handle is unaffected.
+        assert!(first.is_processed(0, "a").unwrap());
+        drop(first);
+        let (_log, opened) = TxLog::open(dir.path()).unwrap();
+        assert_eq!(opened, Opened::Existing);
+    }
+
+    #[test]
+    fn a_state_dir_that_is_a_file_is_an_error() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state");
+        fs::write(&dir, b"not a directory").unwrap();
+        let err = TxLog::open(&dir).unwrap_err();
+        assert!(matches!(err, Error::State { .. }), "{err:?}");
+    }
+}

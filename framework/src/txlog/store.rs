@@ -1,0 +1,380 @@
+//! [`TxLog`]: reads and atomic, idempotent writes of the redb transaction log.
+//!
+//! Opening (and rebuilding a damaged file) is in `open.rs`; this file holds what an open log
+//! does. Every read runs in its own redb read transaction, and every write in one durable
+//! write transaction, so a reader never sees half a batch.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use redb::{
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, Table, WriteTransaction,
+};
+
+use super::tables::{
+    CHECKPOINT, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT, STATE, STATE_COUNT, partition_range,
+    state_error,
+};
+use super::{Change, PartitionStats};
+use crate::{Error, Result};
+
+/// The redb transaction log of one instance.
+pub(crate) struct TxLog {
+    /// The open file; redb serialises write transactions and lets reads run beside them.
+    pub(super) db: Database,
+    /// Where the file is, for errors and [`TxLog::file_size`].
+    pub(super) path: PathBuf,
+}
+
+impl fmt::Debug for TxLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxLog")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TxLog {
+    /// Path of the redb file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The next changelog offset to read for `partition` (None: never replayed).
+    pub(crate) fn checkpoint(&self, partition: i32) -> Result<Option<i64>> {
+        let doing = "reading a checkpoint";
+        let txn = self.read(doing)?;
+        let table = txn
+            .open_table(CHECKPOINT)
+            .map_err(|e| self.error(doing, e))?;
+        let found = table.get(partition).map_err(|e| self.error(doing, e))?;
+        Ok(found.map(|guard| guard.value()))
+    }
+
+    /// Whether `id` has a dedup entry in `partition`.
+    pub(crate) fn is_processed(&self, partition: i32, id: &str) -> Result<bool> {
+        let doing = "looking up a processed event";
+        let txn = self.read(doing)?;
+        let table = txn
+            .open_table(PROCESSED)
+            .map_err(|e| self.error(doing, e))?;
+        let found = table
+            .get((partition, id))
+            .map_err(|e| self.error(doing, e))?;
+        Ok(found.is_some())
+    }
+
+    /// The committed value of state `key` in `partition`.
+    pub(crate) fn state(&self, partition: i32, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let doing = "reading state";
+        let txn = self.read(doing)?;
+        let table = txn.open_table(STATE).map_err(|e| self.error(doing, e))?;
+        let found = table
+            .get((partition, key))
+            .map_err(|e| self.error(doing, e))?;
+        Ok(found.map(|guard| guard.value().to_vec()))
+    }
+
+    /// Applies each partition's changes in order and sets its checkpoint (when Some) in ONE redb write transaction,
+    /// durable (Durability::Immediate) when it returns. Either everything applies or nothing does.
+    pub(crate) fn apply(&self, batch: &[(i32, Vec<Change>, Option<i64>)]) -> Result<()> {
+        let nothing = batch
+            .iter()
+            .all(|(_, changes, checkpoint)| changes.is_empty() && checkpoint.is_none());
+        if nothing {
+            // A commit is an fsync; an idle poll loop should not pay for one.
+            return Ok(());
+        }
+        let doing = "applying a batch to the transaction log";
+        self.write(doing, |txn| {
+            let mut writer = Writer::open(txn)?;
+            for (partition, changes, checkpoint) in batch {
+                for change in changes {
+                    #[cfg(test)]
+                    tests::inject_failure()?;
+                    writer.apply(*partition, change)?;
+                }
+                if let Some(offset) = checkpoint {
+                    writer.checkpoint.insert(*partition, *offset)?;
+                }
+            }
+            writer.store_counts()
+        })
+    }
+
+    /// IDs of `partition`'s dedup entries to expire, oldest first, at most `limit`: every entry processed before
+    /// `older_than_ms`, plus the oldest ones beyond `max_entries` entries when that is Some.
+    pub(crate) fn expired(
+        &self,
+        partition: i32,
+        older_than_ms: i64,
+        max_entries: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<String>> {
+        let doing = "finding expired dedup entries";
+        let txn = self.read(doing)?;
+        let count =
+            read_count(&txn, PROCESSED_COUNT, partition).map_err(|e| self.error(doing, e))?;
+        let excess = max_entries.map_or(0, |max| count.saturating_sub(max));
+        let index = txn
+            .open_table(PROCESSED_BY_TIME)
+            .map_err(|e| self.error(doing, e))?;
+        let rows = index
+            .range(partition_range(partition, |p| (p, i64::MIN, "")))
+            .map_err(|e| self.error(doing, e))?;
+        let mut ids = Vec::new();
+        for row in rows {
+            if ids.len() >= limit {
+                break;
+            }
+            let (key, _) = row.map_err(|e| self.error(doing, e))?;
+            let (_, processed_at_ms, id) = key.value();
+            // The index is sorted by time, so once an entry is neither beyond the count
+            // nor too old, no later one is either.
+            let beyond_count = (ids.len() as u64) < excess;
+            if !beyond_count && processed_at_ms >= older_than_ms {
+                break;
+            }
+            ids.push(id.to_string());
+        }
+        Ok(ids)
+    }
+
+    /// Forgets every entry, state and checkpoint of `partition` (used when its changelog must be replayed from scratch).
+    pub(crate) fn clear_partition(&self, partition: i32) -> Result<()> {
+        self.write("clearing a partition of the transaction log", |txn| {
+            txn.open_table(PROCESSED)?
+                .retain_in(partition_range(partition, |p| (p, "")), |_, _| false)?;
+            txn.open_table(PROCESSED_BY_TIME)?
+                .retain_in(partition_range(partition, |p| (p, i64::MIN, "")), |_, _| {
+                    false
+                })?;
+            let empty: &[u8] = &[];
+            txn.open_table(STATE)?
+                .retain_in(partition_range(partition, |p| (p, empty)), |_, _| false)?;
+            txn.open_table(PROCESSED_COUNT)?.remove(partition)?;
+            txn.open_table(STATE_COUNT)?.remove(partition)?;
+            txn.open_table(CHECKPOINT)?.remove(partition)?;
+            Ok(())
+        })
+    }
+
+    /// Per-partition statistics (sorted by partition), for `inspect` and metrics.
+    pub(crate) fn stats(&self) -> Result<Vec<PartitionStats>> {
+        let doing = "reading transaction log statistics";
+        let txn = self.read(doing)?;
+        let stats = collect_stats(&txn).map_err(|e| self.error(doing, e))?;
+        Ok(stats)
+    }
+
+    /// Size of the redb file in bytes.
+    pub(crate) fn file_size(&self) -> Result<u64> {
+        let metadata = std::fs::metadata(&self.path).map_err(|e| Error::State {
+            path: self.path.clone(),
+            message: format!(
+                "reading the file size failed: {e}; check that the state directory was not removed"
+            ),
+        })?;
+        Ok(metadata.len())
+    }
+
+    /// Begins a read transaction.
+    fn read(&self, doing: &str) -> Result<ReadTransaction> {
+        self.db.begin_read().map_err(|e| self.error(doing, e))
+    }
+
+    /// Runs `body` in a write transaction and commits it durably; on any error nothing of
+    /// it is kept, since dropping an uncommitted redb transaction aborts it.
+    fn write(
+        &self,
+        doing: &str,
+        body: impl FnOnce(&WriteTransaction) -> std::result::Result<(), redb::Error>,
+    ) -> Result<()> {
+        let mut txn = self.db.begin_write().map_err(|e| self.error(doing, e))?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| self.error(doing, e))?;
+        body(&txn).map_err(|e| self.error(doing, e))?;
+        txn.commit().map_err(|e| self.error(doing, e))
+    }
+
+    /// An [`Error::State`] about this file.
+    fn error(&self, doing: &str, err: impl Into<redb::Error>) -> Error {
+        state_error(&self.path, doing, err)
+    }
+}
+
+/// The tables a batch writes, open in one write transaction, and the count changes so far.
+struct Writer<'txn> {
+    txn: &'txn WriteTransaction,
+    processed: Table<'txn, (i32, &'static str), (i64, i64)>,
+    by_time: Table<'txn, (i32, i64, &'static str), ()>,
+    state: Table<'txn, (i32, &'static [u8]), &'static [u8]>,
+    checkpoint: Table<'txn, i32, i64>,
+    /// Per partition: change in the number of dedup entries, and of state keys.
+    deltas: BTreeMap<i32, (i64, i64)>,
+}
+
+impl<'txn> Writer<'txn> {
+    /// Opens the tables in `txn`.
+    fn open(txn: &'txn WriteTransaction) -> std::result::Result<Self, redb::Error> {
+        Ok(Writer {
+            txn,
+            processed: txn.open_table(PROCESSED)?,
+            by_time: txn.open_table(PROCESSED_BY_TIME)?,
+            state: txn.open_table(STATE)?,
+            checkpoint: txn.open_table(CHECKPOINT)?,
+            deltas: BTreeMap::new(),
+        })
+    }
+
+    /// Applies one change. Replacing an entry moves its index row rather than adding one,
+    /// and removing an absent one does nothing, which is what makes replay idempotent.
+    fn apply(&mut self, partition: i32, change: &Change) -> std::result::Result<(), redb::Error> {
+        match change {
+            Change::Processed {
+                id,
+                offset,
+                processed_at_ms,
+            } => {
+                let old = self
+                    .processed
+                    .insert((partition, id.as_str()), (*offset, *processed_at_ms))?
+                    .map(|guard| guard.value());
+                match old {
+                    Some((_, old_at)) => {
+                        self.by_time.remove((partition, old_at, id.as_str()))?;
+                    }
+                    None => self.delta(partition).0 += 1,
+                }
+                self.by_time
+                    .insert((partition, *processed_at_ms, id.as_str()), ())?;
+            }
+            Change::Expired { id } => {
+                let old = self
+                    .processed
+                    .remove((partition, id.as_str()))?
+                    .map(|guard| guard.value());
+                if let Some((_, old_at)) = old {
+                    self.by_time.remove((partition, old_at, id.as_str()))?;
+                    self.delta(partition).0 -= 1;
+                }
+            }
+            Change::State {
+                key,
+                value: Some(value),
+            } => {
+                let added = self
+                    .state
+                    .insert((partition, key.as_slice()), value.as_slice())?
+                    .is_none();
+                if added {
+                    self.delta(partition).1 += 1;
+                }
+            }
+            Change::State { key, value: None } => {
+                let removed = self.state.remove((partition, key.as_slice()))?.is_some();
+                if removed {
+                    self.delta(partition).1 -= 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The count changes of `partition`.
+    fn delta(&mut self, partition: i32) -> &mut (i64, i64) {
+        self.deltas.entry(partition).or_default()
+    }
+
+    /// Writes the counts back once per partition rather than once per change.
+    fn store_counts(self) -> std::result::Result<(), redb::Error> {
+        let mut processed_counts = self.txn.open_table(PROCESSED_COUNT)?;
+        let mut state_counts = self.txn.open_table(STATE_COUNT)?;
+        for (partition, (processed, state)) in self.deltas {
+            add_to_count(&mut processed_counts, partition, processed)?;
+            add_to_count(&mut state_counts, partition, state)?;
+        }
+        Ok(())
+    }
+}
+
+/// Adds `delta` to the count of `partition`, removing the row when it reaches zero.
+fn add_to_count(
+    counts: &mut Table<'_, i32, u64>,
+    partition: i32,
+    delta: i64,
+) -> std::result::Result<(), redb::Error> {
+    if delta == 0 {
+        return Ok(());
+    }
+    let old = counts.get(partition)?.map_or(0, |guard| guard.value());
+    let new = adjust(old, delta, partition);
+    if new == 0 {
+        counts.remove(partition)?;
+    } else {
+        counts.insert(partition, new)?;
+    }
+    Ok(())
+}
+
+/// `count + delta`, held at zero if the stored count was somehow too low.
+fn adjust(count: u64, delta: i64, partition: i32) -> u64 {
+    let new = i128::from(count) + i128::from(delta);
+    if new < 0 {
+        // The counts are only a cache of the row counts; a wrong one must not stop
+        // processing, but it is worth knowing about.
+        tracing::warn!(
+            partition,
+            count,
+            delta,
+            "transaction log entry count would go negative; keeping 0"
+        );
+    }
+    u64::try_from(new.max(0)).unwrap_or(u64::MAX)
+}
+
+/// The count stored for `partition` in `definition`, 0 when absent.
+fn read_count(
+    txn: &ReadTransaction,
+    definition: redb::TableDefinition<'_, i32, u64>,
+    partition: i32,
+) -> std::result::Result<u64, redb::Error> {
+    let table = txn.open_table(definition)?;
+    let found = table.get(partition)?;
+    Ok(found.map_or(0, |guard| guard.value()))
+}
+
+/// [`TxLog::stats`] within one read transaction, so the numbers agree with each other.
+fn collect_stats(txn: &ReadTransaction) -> std::result::Result<Vec<PartitionStats>, redb::Error> {
+    let mut partitions = BTreeSet::new();
+    for definition in [PROCESSED_COUNT, STATE_COUNT] {
+        for row in txn.open_table(definition)?.iter()? {
+            partitions.insert(row?.0.value());
+        }
+    }
+    for row in txn.open_table(CHECKPOINT)?.iter()? {
+        partitions.insert(row?.0.value());
+    }
+    let checkpoints = txn.open_table(CHECKPOINT)?;
+    let index = txn.open_table(PROCESSED_BY_TIME)?;
+    let mut stats = Vec::with_capacity(partitions.len());
+    for partition in partitions {
+        let oldest = index
+            .range(partition_range(partition, |p| (p, i64::MIN, "")))?
+            .next()
+            .transpose()?
+            .map(|(key, _)| key.value().1);
+        stats.push(PartitionStats {
+            partition,
+            processed_entries: read_count(txn, PROCESSED_COUNT, partition)?,
+            state_entries: read_count(txn, STATE_COUNT, partition)?,
+            checkpoint: checkpoints.get(partition)?.map(|guard| guard.value()),
+            oldest_processed_at_ms: oldest,
+        });
+    }
+    Ok(stats)
+}
+
+#[cfg(test)]
+mod tests;

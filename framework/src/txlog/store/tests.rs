@@ -1,0 +1,396 @@
+//! Tests of the open log's reads and writes (opening itself is tested in `open.rs`).
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::txlog::testutil::{Snapshot, open_temp};
+
+thread_local! {
+    /// Changes to let through before the next one fails, on this thread only.
+    static FAIL_AFTER: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Called by `apply` before each change: fails once the count set by [`fail_after`] runs out.
+pub(super) fn inject_failure() -> std::result::Result<(), redb::Error> {
+    FAIL_AFTER.with(|left| match left.get() {
+        Some(0) => {
+            left.set(None);
+            Err(redb::Error::Corrupted("injected failure".into()))
+        }
+        Some(n) => {
+            left.set(Some(n - 1));
+            Ok(())
+        }
+        None => Ok(()),
+    })
+}
+
+/// Makes the change after the next `n` ones fail.
+fn fail_after(n: usize) {
+    FAIL_AFTER.with(|left| left.set(Some(n)));
+}
+
+fn processed(id: &str, offset: i64, at: i64) -> Change {
+    Change::Processed {
+        id: id.into(),
+        offset,
+        processed_at_ms: at,
+    }
+}
+
+fn expired(id: &str) -> Change {
+    Change::Expired { id: id.into() }
+}
+
+fn set(key: &str, value: &str) -> Change {
+    Change::State {
+        key: key.as_bytes().to_vec(),
+        value: Some(value.as_bytes().to_vec()),
+    }
+}
+
+fn delete(key: &str) -> Change {
+    Change::State {
+        key: key.as_bytes().to_vec(),
+        value: None,
+    }
+}
+
+#[test]
+fn applied_changes_and_checkpoints_read_back() {
+    let (_dir, log) = open_temp();
+    assert_eq!(log.checkpoint(0).unwrap(), None);
+    log.apply(&[
+        (
+            0,
+            vec![processed("a", 5, 100), set("k", "v1"), set("gone", "x")],
+            Some(3),
+        ),
+        (1, vec![processed("b", 6, 200)], None),
+    ])
+    .unwrap();
+    log.apply(&[(0, vec![set("k", "v2"), delete("gone")], Some(7))])
+        .unwrap();
+
+    assert!(log.is_processed(0, "a").unwrap());
+    assert!(
+        !log.is_processed(1, "a").unwrap(),
+        "entries belong to a partition"
+    );
+    assert!(log.is_processed(1, "b").unwrap());
+    assert_eq!(log.state(0, b"k").unwrap(), Some(b"v2".to_vec()));
+    assert_eq!(log.state(0, b"gone").unwrap(), None);
+    assert_eq!(log.state(1, b"k").unwrap(), None);
+    assert_eq!(log.checkpoint(0).unwrap(), Some(7));
+    assert_eq!(log.checkpoint(1).unwrap(), None);
+    Snapshot::of(&log);
+}
+
+#[test]
+fn a_failed_apply_leaves_nothing_behind() {
+    let (_dir, log) = open_temp();
+    log.apply(&[(0, vec![set("k", "old")], Some(1))]).unwrap();
+    let before = Snapshot::of(&log);
+    let batch = [
+        (0, vec![set("k", "new"), processed("a", 1, 1)], Some(2)),
+        (1, vec![processed("b", 2, 2), set("j", "v")], Some(9)),
+    ];
+
+    // Fail on the last change, when everything before it has been written in redb.
+    fail_after(3);
+    let err = log.apply(&batch).unwrap_err();
+    assert!(matches!(err, Error::State { .. }), "{err:?}");
+    assert_eq!(Snapshot::of(&log), before);
+
+    log.apply(&batch).unwrap();
+    assert_eq!(log.state(0, b"k").unwrap(), Some(b"new".to_vec()));
+    assert_eq!(log.state(1, b"j").unwrap(), Some(b"v".to_vec()));
+    assert_eq!(log.checkpoint(1).unwrap(), Some(9));
+}
+
+#[test]
+fn readers_see_a_batch_across_partitions_whole() {
+    let (_dir, log) = open_temp();
+    let batches = 40i64;
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            for n in 1..=batches {
+                let id = format!("id-{n}");
+                log.apply(&[
+                    (0, vec![processed(&id, n, n)], Some(n)),
+                    (1, vec![processed(&id, n, n)], Some(n)),
+                ])
+                .unwrap();
+            }
+        });
+        loop {
+            // Read after checking, so that the last read sees every batch once it is done.
+            let done = writer.is_finished();
+            let stats = log.stats().unwrap();
+            let last = match stats.as_slice() {
+                [] => 0,
+                [zero, one] => {
+                    assert_eq!(zero.processed_entries, one.processed_entries, "{stats:?}");
+                    assert_eq!(zero.checkpoint, one.checkpoint, "{stats:?}");
+                    assert_eq!(zero.checkpoint, Some(zero.processed_entries as i64));
+                    zero.processed_entries as i64
+                }
+                _ => panic!("one partition without the other: {stats:?}"),
+            };
+            if done {
+                assert_eq!(last, batches);
+                break;
+            }
+        }
+    });
+}
+
+#[test]
+fn reapplying_a_batch_changes_nothing() {
+    let (_dir, log) = open_temp();
+    let batch = [
+        (
+            0,
+            vec![
+                processed("a", 1, 10),
+                processed("b", 2, 20),
+                // Reprocessed later in the same batch: replaces the entry and its index row.
+                processed("a", 3, 30),
+                expired("b"),
+                expired("never-seen"),
+                set("k", "1"),
+                delete("k"),
+                set("k", "2"),
+            ],
+            Some(4),
+        ),
+        (3, vec![processed("c", 1, 5), set("x", "y")], Some(2)),
+    ];
+    log.apply(&batch).unwrap();
+    let once = Snapshot::of(&log);
+    assert_eq!(once.processed.get(&(0, "a".into())), Some(&(3, 30)));
+    assert!(!once.processed.contains_key(&(0, "b".into())));
+    assert_eq!(once.state.get(&(0, b"k".to_vec())), Some(&b"2".to_vec()));
+
+    log.apply(&batch).unwrap();
+    assert_eq!(Snapshot::of(&log), once);
+    assert_eq!(log.stats().unwrap()[0].processed_entries, 1);
+}
+
+/// A log with entries processed at the given times in partition 0, and a few in partition 1.
+fn log_with_times(times: &[i64]) -> (tempfile::TempDir, TxLog) {
+    let (dir, log) = open_temp();
+    let changes = times
+        .iter()
+        .map(|at| processed(&format!("t{at}"), *at, *at))
+        .collect();
+    let other = vec![processed("p1-old", 0, 0), processed("p1-new", 1, 1000)];
+    log.apply(&[(0, changes, None), (1, other, None)]).unwrap();
+    (dir, log)
+}
+
+fn ids(names: &[&str]) -> Vec<String> {
+    names.iter().map(|name| name.to_string()).collect()
+}
+
+#[test]
+fn expiry_by_time_returns_the_oldest_first_and_expiring_removes_them() {
+    let (_dir, log) = log_with_times(&[50, 10, 30, 20, 40]);
+    assert_eq!(
+        log.expired(0, 35, None, 100).unwrap(),
+        ids(&["t10", "t20", "t30"])
+    );
+    assert_eq!(log.expired(0, 35, None, 2).unwrap(), ids(&["t10", "t20"]));
+    assert_eq!(
+        log.expired(0, 10, None, 100).unwrap(),
+        ids(&[]),
+        "strictly older"
+    );
+    assert_eq!(log.expired(2, i64::MAX, None, 100).unwrap(), ids(&[]));
+
+    let due = log.expired(0, 35, None, 100).unwrap();
+    let changes = due.iter().map(|id| expired(id)).collect();
+    log.apply(&[(0, changes, None)]).unwrap();
+
+    assert_eq!(log.expired(0, 35, None, 100).unwrap(), ids(&[]));
+    assert!(!log.is_processed(0, "t10").unwrap());
+    assert!(log.is_processed(0, "t40").unwrap());
+    let stats = log.stats().unwrap();
+    assert_eq!(
+        (stats[0].processed_entries, stats[0].oldest_processed_at_ms),
+        (2, Some(40))
+    );
+    assert_eq!(stats[1].processed_entries, 2, "partition 1 untouched");
+    Snapshot::of(&log);
+}
+
+#[test]
+fn expiry_by_count_returns_the_oldest_beyond_the_maximum() {
+    let (_dir, log) = log_with_times(&[50, 10, 30, 20, 40]);
+    assert_eq!(
+        log.expired(0, i64::MIN, Some(3), 100).unwrap(),
+        ids(&["t10", "t20"])
+    );
+    assert_eq!(log.expired(0, i64::MIN, Some(5), 100).unwrap(), ids(&[]));
+    assert_eq!(
+        log.expired(0, i64::MIN, Some(0), 3).unwrap(),
+        ids(&["t10", "t20", "t30"])
+    );
+    // Either criterion expires an entry: the larger set wins.
+    assert_eq!(
+        log.expired(0, 15, Some(3), 100).unwrap(),
+        ids(&["t10", "t20"])
+    );
+    assert_eq!(
+        log.expired(0, 45, Some(3), 100).unwrap(),
+        ids(&["t10", "t20", "t30", "t40"])
+    );
+
+    let due = log.expired(0, i64::MIN, Some(3), 100).unwrap();
+    log.apply(&[(0, due.iter().map(|id| expired(id)).collect(), None)])
+        .unwrap();
+    assert_eq!(log.expired(0, i64::MIN, Some(3), 100).unwrap(), ids(&[]));
+    assert_eq!(log.stats().unwrap()[0].processed_entries, 3);
+    Snapshot::of(&log);
+}
+
+#[test]
+fn clearing_a_partition_forgets_only_that_partition() {
+    let (_dir, log) = open_temp();
+    for partition in [0, 1, i32::MAX] {
+        log.apply(&[(
+            partition,
+            vec![processed("a", 1, 1), set("k", "v")],
+            Some(10),
+        )])
+        .unwrap();
+    }
+    log.clear_partition(0).unwrap();
+    log.clear_partition(i32::MAX).unwrap();
+    let snapshot = Snapshot::of(&log);
+    assert_eq!(
+        snapshot.processed.keys().map(|k| k.0).collect::<Vec<_>>(),
+        [1]
+    );
+    assert_eq!(snapshot.state.keys().map(|k| k.0).collect::<Vec<_>>(), [1]);
+    assert_eq!(snapshot.checkpoints, BTreeMap::from([(1, 10)]));
+    assert_eq!(log.checkpoint(0).unwrap(), None);
+    assert_eq!(log.expired(0, i64::MAX, None, 10).unwrap(), ids(&[]));
+    assert_eq!(log.stats().unwrap().len(), 1);
+}
+
+#[test]
+fn stats_describe_each_partition_in_order() {
+    let (_dir, log) = open_temp();
+    assert_eq!(log.stats().unwrap(), []);
+    log.apply(&[
+        (5, vec![set("a", "1"), set("b", "2")], None),
+        (
+            -2,
+            vec![processed("x", 1, 70), processed("y", 2, 60)],
+            Some(3),
+        ),
+        (9, vec![], Some(0)),
+    ])
+    .unwrap();
+    let expected = vec![
+        PartitionStats {
+            partition: -2,
+            processed_entries: 2,
+            state_entries: 0,
+            checkpoint: Some(3),
+            oldest_processed_at_ms: Some(60),
+        },
+        PartitionStats {
+            partition: 5,
+            processed_entries: 0,
+            state_entries: 2,
+            checkpoint: None,
+            oldest_processed_at_ms: None,
+        },
+        PartitionStats {
+            partition: 9,
+            processed_entries: 0,
+            state_entries: 0,
+            checkpoint: Some(0),
+            oldest_processed_at_ms: None,
+        },
+    ];
+    assert_eq!(log.stats().unwrap(), expected);
+    assert_eq!(
+        log.file_size().unwrap(),
+        std::fs::metadata(log.path()).unwrap().len()
+    );
+    assert!(log.file_size().unwrap() > 0);
+}
+
+/// A changelog record: partition, key and value (`None`: tombstone).
+type Record = (i32, Vec<u8>, Option<Vec<u8>>);
+
+#[test]
+fn replaying_the_encoded_records_rebuilds_the_same_log() {
+    let history: Vec<(i32, Change)> = vec![
+        (0, processed("a", 1, 10)),
+        (0, set("k", "1")),
+        (1, processed("a", 1, 11)),
+        (0, processed("b", 2, 12)),
+        (0, expired("a")),
+        (1, set("k", "x")),
+        (0, set("k", "2")),
+        (1, delete("k")),
+        (0, processed("a", 3, 13)),
+        (0, expired("b")),
+        (1, set("bin\0\u{ff}", "\0")),
+    ];
+    let direct = {
+        let (_dir, log) = open_temp();
+        for (partition, change) in &history {
+            log.apply(&[(*partition, vec![change.clone()], None)])
+                .unwrap();
+        }
+        Snapshot::of(&log)
+    };
+
+    let records: Vec<Record> = history
+        .iter()
+        .map(|(partition, change)| {
+            let (key, value) = change.encode();
+            (*partition, key, value)
+        })
+        .collect();
+    let replay = |records: &[Record]| {
+        let (_dir, log) = open_temp();
+        for (n, (partition, key, value)) in records.iter().enumerate() {
+            let what = format!("changelog record t/{partition}@{n}");
+            let change = Change::decode(key, value.as_deref(), &what).unwrap();
+            log.apply(&[(*partition, vec![change], Some(n as i64 + 1))])
+                .unwrap();
+        }
+        let mut snapshot = Snapshot::of(&log);
+        snapshot.checkpoints.clear();
+        snapshot
+    };
+    assert_eq!(replay(&records), direct);
+
+    // Compaction keeps only the last record per partition and key; replaying what is left
+    // must give the same log.
+    let mut last = BTreeMap::new();
+    for (n, (partition, key, _)) in records.iter().enumerate() {
+        last.insert((*partition, key.clone()), n);
+    }
+    let compacted: Vec<_> = records
+        .iter()
+        .enumerate()
+        .filter(|(n, (partition, key, _))| last[&(*partition, key.clone())] == *n)
+        .map(|(_, record)| record.clone())
+        .collect();
+    assert!(compacted.len() < records.len());
+    assert_eq!(replay(&compacted), direct);
+}
+
+#[test]
+fn the_log_can_be_shared_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<TxLog>();
+}
