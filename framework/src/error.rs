@@ -46,6 +46,75 @@ pub enum Error {
         /// What is accepted instead.
         accepted: String,
     },
+    /// The local state (the redb transaction log under the state directory) failed.
+    #[error("state store at {path}: {message}")]
+    State {
+        /// The file or directory concerned.
+        path: std::path::PathBuf,
+        /// What went wrong, and what to do about it.
+        message: String,
+    },
+    /// Data that should have been written by onceflow could not be read back: a changelog
+    /// record or a state file entry of an unknown shape.
+    #[error("corrupt {what}: {message}")]
+    Corrupt {
+        /// What was being read, e.g. `changelog record at orders-txlog/2@118`.
+        what: String,
+        /// What was wrong with it.
+        message: String,
+    },
+    /// The processor could not handle a record ([`Error::processing`],
+    /// [`Error::transient`]).
+    #[error("processing failed{}: {message}", if *retriable { " (transient)" } else { "" })]
+    Processing {
+        /// What went wrong, in the processor's words.
+        message: String,
+        /// Whether trying the same record again may succeed.
+        retriable: bool,
+    },
+    /// An input record could not be decoded into the processor's input type.
+    #[error("cannot decode the record at {topic}/{partition}@{offset}: {message}")]
+    Decode {
+        /// Input topic.
+        topic: String,
+        /// Input partition.
+        partition: i32,
+        /// Input offset.
+        offset: i64,
+        /// The codec's explanation.
+        message: String,
+    },
+    /// A value the processor emitted or stored could not be encoded or decoded.
+    #[error("cannot encode {what}: {message}")]
+    Encode {
+        /// What was being encoded, e.g. `output to invoices`.
+        what: String,
+        /// The codec's explanation.
+        message: String,
+    },
+    /// The processor emitted to a topic it did not declare as an output.
+    #[error(
+        "emitted to `{topic}`, which is not a declared output (declared: {declared}); \
+         declare it with `EngineConfig::output`"
+    )]
+    UndeclaredOutput {
+        /// The topic emitted to.
+        topic: String,
+        /// The declared outputs, comma-separated.
+        declared: String,
+    },
+    /// Another instance with the same transactional ID took over: this one must stop.
+    #[error(
+        "fenced: another instance with {what} started (same group and instance ID), so this \
+         one stopped without committing its open batch ({detail}); give every running \
+         instance its own instance ID"
+    )]
+    Fenced {
+        /// The identity the two instances share, e.g. transactional.id `billing-a`.
+        what: String,
+        /// The broker's error.
+        detail: String,
+    },
     /// The test broker could not be started or reached (feature `testkit`).
     #[error("{0}")]
     Broker(String),
@@ -85,6 +154,22 @@ impl ErrorClass {
 }
 
 impl Error {
+    /// A permanent failure of the processor on one record.
+    pub fn processing(message: impl std::fmt::Display) -> Self {
+        Error::Processing {
+            message: message.to_string(),
+            retriable: false,
+        }
+    }
+
+    /// A transient failure of the processor on one record: trying again may succeed.
+    pub fn transient(message: impl std::fmt::Display) -> Self {
+        Error::Processing {
+            message: message.to_string(),
+            retriable: true,
+        }
+    }
+
     /// The same call may succeed if made again.
     pub fn is_retriable(&self) -> bool {
         matches!(
@@ -93,6 +178,10 @@ impl Error {
                 class: ErrorClass::Retriable,
                 ..
             } | Error::Timeout { .. }
+                | Error::Processing {
+                    retriable: true,
+                    ..
+                }
         )
     }
 
@@ -115,6 +204,9 @@ impl Error {
                 class: ErrorClass::Fatal,
                 ..
             } | Error::Config { .. }
+                | Error::State { .. }
+                | Error::Fenced { .. }
+                | Error::UndeclaredOutput { .. }
         )
     }
 
@@ -148,6 +240,22 @@ mod tests {
         assert!(abortable.requires_abort() && !abortable.is_fatal() && !abortable.is_retriable());
         let retriable = kafka(ErrorClass::Retriable);
         assert!(retriable.is_retriable() && !retriable.is_fatal() && !retriable.requires_abort());
+    }
+
+    #[test]
+    fn fencing_bad_configuration_and_a_broken_state_store_are_fatal() {
+        let fenced = Error::Fenced {
+            what: "transactional.id `g-a`".into(),
+            detail: "x".into(),
+        };
+        assert!(fenced.is_fatal() && !fenced.requires_abort() && !fenced.is_retriable());
+        let state = Error::State {
+            path: "/tmp/x".into(),
+            message: "locked".into(),
+        };
+        assert!(state.is_fatal());
+        assert!(Error::transient("busy").is_retriable());
+        assert!(!Error::processing("bad").is_retriable() && !Error::processing("bad").is_fatal());
     }
 
     #[test]

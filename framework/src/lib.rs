@@ -5,10 +5,12 @@
 //! offsets commit together, and each operator keeps a durable log of the event IDs it
 //! processed so that duplicates from upstream are skipped even after a restart.
 //!
-//! This release holds the foundation the engine is built on:
-//!
-//! - [`Error`], the one error type of the crate, which tells its caller whether a failure is
-//!   worth retrying, needs the open transaction aborted, or is fatal;
+//! - [`Processor`]: what you write, one async method per input event, working through a
+//!   [`Context`] (emit records, typed per-partition state, the record's metadata);
+//! - [`Event`]: an input's optional business ID, by which duplicates are recognised;
+//! - [`Engine`]: runs one instance of an operator from an [`EngineConfig`];
+//! - [`Error`], the one error type, which tells its caller whether a failure is worth
+//!   retrying, needs the open transaction aborted, or is fatal;
 //! - [`testkit`] (feature `testkit`): a real Apache Kafka broker for tests, started with
 //!   testcontainers, and helpers to create topics, produce, read a topic to its end under
 //!   `read_committed` or `read_uncommitted`, and read a group's committed offsets.
@@ -17,10 +19,20 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+mod config;
+mod engine;
 mod error;
+mod event;
 mod kafka;
+mod processor;
+mod txlog;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use error::{Error, Result};
+pub use async_trait::async_trait;
+pub use config::{DeliveryMode, EngineConfig};
+pub use engine::{Engine, Shutdown, Stats, StatsSnapshot};
+pub use error::{Error, ErrorClass, Result};
+pub use event::{Codec, Event, Json};
+pub use processor::{Context, Processor, RecordMeta, State};

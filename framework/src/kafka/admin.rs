@@ -134,3 +134,27 @@ pub(crate) async fn probe(options: &ClientOptions, topic: &str, timeout: Duratio
         .map_err(|(e, _)| kafka_error(format!("produce to `{topic}`"), e))?;
     Ok(())
 }
+
+/// The number of partitions of `topic`, or `None` when it does not exist.
+pub(crate) async fn partition_count(
+    options: &ClientOptions,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<i32>> {
+    let consumer: BaseConsumer = options
+        .config(&[])
+        .create()
+        .map_err(|e| kafka_error("create metadata client", e))?;
+    let topic = topic.to_owned();
+    blocking("fetch topic metadata", move || {
+        let metadata = consumer
+            .fetch_metadata(Some(&topic), timeout)
+            .map_err(|e| kafka_error(format!("fetch metadata of `{topic}`"), e))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+            .map(|t| t.partitions().len() as i32))
+    })
+    .await
+}

@@ -21,7 +21,7 @@ pub(crate) fn kafka_error(operation: impl Into<String>, error: KafkaError) -> Er
         };
         return Error::Kafka {
             operation,
-            code: rd.name(),
+            code: format!("{:?}", rd.code()),
             message: rd.string(),
             class,
         };

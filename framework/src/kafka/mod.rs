@@ -6,15 +6,21 @@
 
 mod admin;
 mod blocking;
+mod consumer;
 mod error;
+mod producer;
 mod read;
+mod replay;
 mod types;
 mod write;
 
-pub(crate) use admin::{create_topic, probe};
+pub(crate) use admin::{create_topic, partition_count, probe};
 pub(crate) use blocking::blocking;
+pub(crate) use consumer::{InputConsumer, Rebalanced};
 pub(crate) use error::kafka_error;
+pub(crate) use producer::{OutputProducer, Pending};
 pub(crate) use read::{committed_offsets, read_to_end};
+pub(crate) use replay::read_partition;
 pub use types::{Isolation, OutgoingRecord, Record};
 pub(crate) use write::produce;
 

@@ -128,7 +128,7 @@ fn partitions_of(consumer: &BaseConsumer, topic: &str, timeout: Duration) -> Res
     Ok(found.partitions().iter().map(|p| p.id()).collect())
 }
 
-fn to_record(message: &impl Message) -> Record {
+pub(super) fn to_record(message: &impl Message) -> Record {
     let headers = message
         .headers()
         .map(|headers| {

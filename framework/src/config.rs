@@ -1,0 +1,286 @@
+//! Engine configuration: what to consume, where to write, how to batch and deliver.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// How strongly effects are tied to input offsets (DESIGN.md §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeliveryMode {
+    /// One Kafka transaction per batch: outputs, changelog and offsets commit together.
+    #[default]
+    ExactlyOnce,
+    /// No transaction: offsets are committed after outputs are acknowledged. A crash in
+    /// between re-processes the batch; events with an ID are still skipped (their dedup
+    /// entries are in the changelog), events without one may be output twice.
+    AtLeastOnce,
+    /// Offsets are committed before the batch is processed. A crash while processing
+    /// loses the rest of that batch; nothing is ever output twice.
+    AtMostOnce,
+}
+
+impl std::str::FromStr for DeliveryMode {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text {
+            "exactly-once" => Ok(DeliveryMode::ExactlyOnce),
+            "at-least-once" => Ok(DeliveryMode::AtLeastOnce),
+            "at-most-once" => Ok(DeliveryMode::AtMostOnce),
+            other => Err(Error::Config {
+                key: "delivery".into(),
+                value: other.into(),
+                accepted: "exactly-once, at-least-once or at-most-once".into(),
+            }),
+        }
+    }
+}
+
+/// Everything the engine needs to run one instance of an operator.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct EngineConfig {
+    /// `host:port[,host:port…]` of the cluster.
+    pub bootstrap_servers: String,
+    /// The consumer group: one group is one operator.
+    pub group: String,
+    /// This instance's ID, unique within the group and stable across restarts: the
+    /// transactional ID is `<group>-<instance_id>`, so a restarted instance fences its
+    /// previous incarnation.
+    pub instance_id: String,
+    /// The topic consumed.
+    pub input_topic: String,
+    /// Topics the processor may emit to; each must exist at start.
+    pub output_topics: Vec<String>,
+    /// Where the transaction log lives: `<state_dir>/<group>/<instance_id>/`.
+    pub state_dir: PathBuf,
+    /// The changelog topic; default `<group>-txlog`.
+    pub changelog_topic: Option<String>,
+    /// A batch closes after this long (default 100 ms)…
+    pub commit_interval: Duration,
+    /// …or after this many input records (default 1000), whichever comes first.
+    pub max_batch_records: usize,
+    /// Delivery mode (default exactly-once).
+    pub delivery: DeliveryMode,
+    /// Dedup entries older than this expire (default 7 days).
+    pub dedup_window: Duration,
+    /// At most this many dedup entries per partition, oldest expiring first (default none).
+    pub dedup_max_entries: Option<u64>,
+    /// Header holding an event ID when the event itself has none.
+    pub event_id_header: String,
+    /// Bound on one Kafka transaction, and so on a hung commit (default 60 s).
+    pub transaction_timeout: Duration,
+    /// Any other librdkafka property, passed to every client unchanged.
+    pub kafka_properties: Vec<(String, String)>,
+}
+
+impl EngineConfig {
+    /// A configuration with the defaults for everything but what has none.
+    pub fn new(
+        bootstrap_servers: impl Into<String>,
+        group: impl Into<String>,
+        instance_id: impl Into<String>,
+        input_topic: impl Into<String>,
+        state_dir: impl Into<PathBuf>,
+    ) -> Self {
+        EngineConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            group: group.into(),
+            instance_id: instance_id.into(),
+            input_topic: input_topic.into(),
+            output_topics: Vec::new(),
+            state_dir: state_dir.into(),
+            changelog_topic: None,
+            commit_interval: Duration::from_millis(100),
+            max_batch_records: 1000,
+            delivery: DeliveryMode::ExactlyOnce,
+            dedup_window: Duration::from_secs(7 * 24 * 3600),
+            dedup_max_entries: None,
+            event_id_header: "onceflow-event-id".into(),
+            transaction_timeout: Duration::from_secs(60),
+            kafka_properties: Vec::new(),
+        }
+    }
+
+    /// Declares a topic the processor may emit to.
+    pub fn output(mut self, topic: impl Into<String>) -> Self {
+        self.output_topics.push(topic.into());
+        self
+    }
+
+    /// Sets the batch bounds.
+    pub fn batching(mut self, commit_interval: Duration, max_batch_records: usize) -> Self {
+        self.commit_interval = commit_interval;
+        self.max_batch_records = max_batch_records;
+        self
+    }
+
+    /// Sets the delivery mode.
+    pub fn delivery(mut self, delivery: DeliveryMode) -> Self {
+        self.delivery = delivery;
+        self
+    }
+
+    /// Sets the dedup window and the per-partition entry limit.
+    pub fn dedup(mut self, window: Duration, max_entries: Option<u64>) -> Self {
+        self.dedup_window = window;
+        self.dedup_max_entries = max_entries;
+        self
+    }
+
+    /// Passes a librdkafka property to every client.
+    pub fn kafka(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.kafka_properties.push((key.into(), value.into()));
+        self
+    }
+
+    /// The changelog topic name.
+    pub fn changelog_topic(&self) -> String {
+        self.changelog_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}-txlog", self.group))
+    }
+
+    /// The producer's transactional ID.
+    pub fn transactional_id(&self) -> String {
+        format!("{}-{}", self.group, self.instance_id)
+    }
+
+    /// The directory of this instance's transaction log.
+    pub fn instance_dir(&self) -> PathBuf {
+        self.state_dir.join(&self.group).join(&self.instance_id)
+    }
+
+    /// Every problem with the configuration, one error per problem.
+    pub fn problems(&self) -> Vec<Error> {
+        let mut problems = Vec::new();
+        let mut bad = |key: &str, value: String, accepted: &str| {
+            problems.push(Error::Config {
+                key: key.into(),
+                value,
+                accepted: accepted.into(),
+            })
+        };
+        if self.bootstrap_servers.trim().is_empty() {
+            bad(
+                "brokers",
+                String::new(),
+                "host:port[,host:port…] of the Kafka cluster",
+            );
+        }
+        for (key, value) in [
+            ("group", &self.group),
+            ("instance_id", &self.instance_id),
+            ("input", &self.input_topic),
+        ] {
+            if !is_kafka_name(value) {
+                bad(
+                    key,
+                    value.clone(),
+                    "1–200 characters of a-z, A-Z, 0-9, '.', '_' and '-'",
+                );
+            }
+        }
+        if self.commit_interval.is_zero() || self.commit_interval >= self.transaction_timeout {
+            bad(
+                "commit_interval",
+                format!("{:?}", self.commit_interval),
+                "more than zero and less than the transaction timeout",
+            );
+        }
+        if self.max_batch_records == 0 {
+            bad(
+                "max_batch_records",
+                "0".into(),
+                "a whole number of at least 1",
+            );
+        }
+        if self.dedup_window.is_zero() {
+            bad("dedup_window", "0s".into(), "a duration of more than zero");
+        }
+        for (key, _) in &self.kafka_properties {
+            if [
+                "transactional.id",
+                "isolation.level",
+                "enable.auto.commit",
+                "group.id",
+            ]
+            .contains(&key.as_str())
+            {
+                bad(
+                    key,
+                    "(set)".into(),
+                    "not settable: onceflow sets it to keep its guarantee",
+                );
+            }
+        }
+        problems
+    }
+}
+
+fn is_kafka_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documentation() {
+        let config = EngineConfig::new("k:9092", "billing", "a", "orders", "/tmp/s");
+        assert_eq!(config.commit_interval, Duration::from_millis(100));
+        assert_eq!(config.max_batch_records, 1000);
+        assert_eq!(config.delivery, DeliveryMode::ExactlyOnce);
+        assert_eq!(config.changelog_topic(), "billing-txlog");
+        assert_eq!(config.transactional_id(), "billing-a");
+        assert_eq!(config.instance_dir(), PathBuf::from("/tmp/s/billing/a"));
+        assert!(config.problems().is_empty());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_key() {
+        let config = EngineConfig::new("", "bad group", "a", "orders", "/tmp/s")
+            .batching(Duration::ZERO, 0)
+            .kafka("isolation.level", "read_uncommitted");
+        let keys: Vec<String> = config
+            .problems()
+            .into_iter()
+            .map(|e| match e {
+                Error::Config { key, .. } => key,
+                other => panic!("{other}"),
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "brokers",
+                "group",
+                "commit_interval",
+                "max_batch_records",
+                "isolation.level"
+            ]
+        );
+    }
+
+    #[test]
+    fn delivery_modes_parse_and_reject_with_the_accepted_values() {
+        assert_eq!(
+            "at-least-once".parse::<DeliveryMode>().ok(),
+            Some(DeliveryMode::AtLeastOnce)
+        );
+        let error = "twice"
+            .parse::<DeliveryMode>()
+            .expect_err("bad mode")
+            .to_string();
+        assert!(
+            error.contains("exactly-once, at-least-once or at-most-once"),
+            "{error}"
+        );
+    }
+}

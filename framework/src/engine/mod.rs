@@ -1,0 +1,309 @@
+//! The engine: consume, transform and produce, one Kafka transaction per batch.
+//!
+//! ```text
+//!  poll (read_committed) ─► decode ─► dedup check ─► Processor::process ─► outputs, state
+//!     ▲   no transaction open                                                  │
+//!     │   while polling      ┌──────── one Kafka transaction ────────┐         ▼
+//!  seek back on abort        │ outputs + changelog (dedup entries,    │   batch overlay
+//!     └──────────────────────┤ state changes, expiries) + offsets     │   (memory)
+//!                            └──────────── commit_transaction ───────┘
+//!                                               │ committed
+//!                                               ▼
+//!                    apply the batch to redb with the changelog offsets it reached
+//! ```
+//!
+//! Invariants:
+//! - A transaction is open only between two polls, and rebalance callbacks run only
+//!   inside a poll: partitions are never revoked under an open transaction.
+//! - A partition's changelog is replayed into redb (from its checkpoint to the end,
+//!   under `read_committed`) after it is assigned and before any of its records is
+//!   processed; so dedup and state reads always see every committed batch.
+//! - redb is changed only after the Kafka transaction committed, and only together
+//!   with the changelog offsets the batch reached: a crash in between is repaired by
+//!   replay, never by guessing.
+//! - An aborted batch leaves nothing: its overlay is dropped and every partition it read
+//!   is rewound to the batch's first offset.
+//! - A fenced producer stops the instance; nothing it did after the fence is visible.
+
+mod batch;
+mod recovery;
+mod stats;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+pub use stats::{Shutdown, Stats, StatsSnapshot};
+
+use crate::config::{DeliveryMode, EngineConfig};
+use crate::kafka::{self, ClientOptions, InputConsumer, Isolation, OutputProducer, Rebalanced};
+use crate::processor::Processor;
+use crate::txlog::{Opened, TxLog};
+use crate::{Error, Result};
+
+/// Crashes the process at a named point when the failpoint is configured (feature
+/// `failpoints`; e.g. `FAILPOINTS=onceflow-before-commit=3*off->return` crashes at the
+/// fourth pass). A crash is `abort()`: no destructor, no flush, like a power cut.
+macro_rules! crash_point {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        if fail::eval($name, |_| ()).is_some() {
+            eprintln!("onceflow: failpoint {} hit: crashing", $name);
+            std::process::abort();
+        }
+    };
+}
+pub(crate) use crash_point;
+
+/// Runs one instance of an operator until it is shut down or fails.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    shutdown: Shutdown,
+    stats: Arc<Stats>,
+}
+
+impl Engine {
+    /// An engine for `config`; fails with the first configuration problem.
+    pub fn new(config: EngineConfig) -> Result<Self> {
+        if let Some(problem) = config.problems().into_iter().next() {
+            return Err(problem);
+        }
+        Ok(Engine {
+            config,
+            shutdown: Shutdown::default(),
+            stats: Arc::default(),
+        })
+    }
+
+    /// A handle that stops the engine after its current batch.
+    pub fn shutdown_handle(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
+    /// The engine's live counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Consumes, processes and commits until shut down (then returns the counters) or
+    /// until a fatal error (fenced, bad configuration, a permanent processing error).
+    pub async fn run<P: Processor>(self, mut processor: P) -> Result<StatsSnapshot> {
+        let config = self.config;
+        let options = ClientOptions {
+            bootstrap_servers: config.bootstrap_servers.clone(),
+            properties: config.kafka_properties.clone(),
+        };
+        let dir = config.instance_dir();
+        let (txlog, opened) =
+            kafka::blocking("open the transaction log", move || TxLog::open(&dir)).await?;
+        let txlog = Arc::new(txlog);
+        match &opened {
+            Opened::Rebuilt { reason } => {
+                tracing::warn!(%reason, path = %txlog.path().display(), "transaction log rebuilt from the changelog")
+            }
+            other => {
+                tracing::info!(opened = ?other, path = %txlog.path().display(), "transaction log open")
+            }
+        }
+        log_contents(&txlog);
+        recovery::check_topics(&options, &config).await?;
+
+        let mut producer = new_producer(&options, &config).await?;
+        let consumer = InputConsumer::subscribe(
+            &options,
+            &config.group,
+            &config.instance_id,
+            &config.input_topic,
+            Isolation::ReadCommitted,
+        )?;
+        let changelog = config.changelog_topic();
+        let declared: BTreeSet<String> = config.output_topics.iter().cloned().collect();
+        tracing::info!(
+            processor = processor.name(),
+            group = %config.group,
+            instance = %config.instance_id,
+            input = %config.input_topic,
+            delivery = ?config.delivery,
+            "engine started"
+        );
+
+        let mut owned = BTreeSet::new();
+        let outcome = loop {
+            if self.shutdown.is_triggered() {
+                break Ok(());
+            }
+            let polled = match consumer
+                .poll(config.max_batch_records, config.commit_interval)
+                .await
+            {
+                Ok(polled) => polled,
+                Err(error) if error.is_fatal() => break Err(error),
+                Err(error) => {
+                    tracing::warn!(%error, "poll failed; polling again");
+                    continue;
+                }
+            };
+            let mut replay_failed = None;
+            for event in polled.rebalances {
+                match event {
+                    Rebalanced::Revoked(partitions) => {
+                        for partition in partitions {
+                            owned.remove(&partition);
+                        }
+                    }
+                    Rebalanced::Assigned(partitions) => {
+                        for partition in partitions {
+                            if let Err(error) = recovery::replay(
+                                &options,
+                                &changelog,
+                                partition,
+                                &txlog,
+                                &self.stats,
+                            )
+                            .await
+                            {
+                                replay_failed = Some(error);
+                                break;
+                            }
+                            owned.insert(partition);
+                        }
+                    }
+                }
+            }
+            if let Some(error) = replay_failed {
+                break Err(error);
+            }
+            if polled.records.is_empty() {
+                continue;
+            }
+            let first_offsets = first_offsets(&polled.records);
+            let step = batch::Batch {
+                config: &config,
+                consumer: &consumer,
+                producer: &producer,
+                txlog: &txlog,
+                stats: &self.stats,
+                declared: &declared,
+                changelog: &changelog,
+            };
+            match step.run(&mut processor, polled.records).await {
+                Ok(()) => {}
+                Err(error) => {
+                    Stats::add(&self.stats.aborts, 1);
+                    if let Err(stop) = recover(
+                        &options,
+                        &config,
+                        &consumer,
+                        &mut producer,
+                        first_offsets,
+                        &error,
+                    )
+                    .await
+                    {
+                        break Err(stop);
+                    }
+                    if stops_the_instance(&error) {
+                        break Err(error);
+                    }
+                    tracing::warn!(%error, "batch aborted and rewound; going on");
+                }
+            }
+        };
+
+        if let Err(error) = consumer.close().await {
+            tracing::warn!(%error, "leaving the group failed");
+        }
+        drop(producer);
+        let snapshot = self.stats.snapshot();
+        tracing::info!(?snapshot, result = ?outcome.as_ref().map(|_| ()), "engine stopped");
+        outcome.map(|()| snapshot)
+    }
+}
+
+async fn new_producer(options: &ClientOptions, config: &EngineConfig) -> Result<OutputProducer> {
+    match config.delivery {
+        DeliveryMode::ExactlyOnce => {
+            OutputProducer::transactional(
+                options,
+                &config.transactional_id(),
+                config.transaction_timeout,
+            )
+            .await
+        }
+        DeliveryMode::AtLeastOnce | DeliveryMode::AtMostOnce => OutputProducer::idempotent(options),
+    }
+}
+
+/// Errors after which the instance must not go on: fencing and configuration problems,
+/// and a processor's permanent failure (it would fail the same way on the same record
+/// forever; the dead-letter topic is what will let it go on).
+fn stops_the_instance(error: &Error) -> bool {
+    error.is_fatal()
+        || matches!(
+            error,
+            Error::Processing { .. }
+                | Error::Decode { .. }
+                | Error::Encode { .. }
+                | Error::Corrupt { .. }
+        )
+}
+
+/// Undoes a failed batch: aborts its transaction (recreating the producer when the abort
+/// itself fails) and moves every partition it read back to where the batch began.
+async fn recover(
+    options: &ClientOptions,
+    config: &EngineConfig,
+    consumer: &InputConsumer,
+    producer: &mut OutputProducer,
+    first_offsets: BTreeMap<i32, i64>,
+    cause: &Error,
+) -> Result<()> {
+    if matches!(cause, Error::Fenced { .. }) {
+        return Ok(());
+    }
+    if config.delivery == DeliveryMode::ExactlyOnce
+        && let Err(error) = producer.abort().await
+    {
+        if matches!(error, Error::Fenced { .. }) {
+            return Err(error);
+        }
+        // A producer that can neither commit nor abort is replaced; initialising the
+        // new one (same transactional ID) aborts whatever the old one left open.
+        tracing::warn!(%error, "abort failed; recreating the producer");
+        *producer = new_producer(options, config).await?;
+    }
+    if config.delivery == DeliveryMode::AtMostOnce {
+        // The batch's offsets were committed before it was processed: at most once means
+        // it is not processed again.
+        return Ok(());
+    }
+    consumer.seek(first_offsets.into_iter().collect()).await
+}
+
+/// What the transaction log holds at start-up, per partition.
+fn log_contents(txlog: &TxLog) {
+    match (txlog.stats(), txlog.file_size()) {
+        (Ok(partitions), Ok(bytes)) => {
+            for p in partitions {
+                tracing::info!(
+                    partition = p.partition,
+                    dedup_entries = p.processed_entries,
+                    state_entries = p.state_entries,
+                    checkpoint = ?p.checkpoint,
+                    oldest_entry_ms = ?p.oldest_processed_at_ms,
+                    "transaction log partition"
+                );
+            }
+            tracing::info!(bytes, "transaction log file");
+        }
+        (Err(error), _) | (_, Err(error)) => tracing::warn!(%error, "transaction log statistics"),
+    }
+}
+
+fn first_offsets(records: &[kafka::Record]) -> BTreeMap<i32, i64> {
+    let mut first = BTreeMap::new();
+    for record in records {
+        first.entry(record.partition).or_insert(record.offset);
+    }
+    first
+}

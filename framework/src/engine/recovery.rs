@@ -1,0 +1,148 @@
+//! Start-up checks and changelog replay.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::EngineConfig;
+use crate::engine::stats::Stats;
+use crate::kafka::{self, ClientOptions};
+use crate::txlog::{Change, TxLog};
+use crate::{Error, Result};
+
+const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Changelog records applied to redb per write transaction while replaying.
+const REPLAY_CHUNK: usize = 2_000;
+
+/// Checks the topics before anything is consumed: the input and outputs exist, and the
+/// changelog exists with as many partitions as the input (it is created when missing).
+/// Returns the input's partition count.
+pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig) -> Result<i32> {
+    let input = &config.input_topic;
+    let partitions = kafka::partition_count(options, input, METADATA_TIMEOUT)
+        .await?
+        .ok_or_else(|| Error::Config {
+            key: "input".into(),
+            value: input.clone(),
+            accepted: "an existing topic (create it first; onceflow does not create inputs)".into(),
+        })?;
+    for output in &config.output_topics {
+        if kafka::partition_count(options, output, METADATA_TIMEOUT)
+            .await?
+            .is_none()
+        {
+            return Err(Error::Config {
+                key: "outputs".into(),
+                value: output.clone(),
+                accepted:
+                    "existing topics (create it first: records to a missing topic would be lost)"
+                        .into(),
+            });
+        }
+    }
+    let changelog = config.changelog_topic();
+    match kafka::partition_count(options, &changelog, METADATA_TIMEOUT).await? {
+        Some(found) if found == partitions => {}
+        Some(found) => {
+            return Err(Error::Config {
+                key: "changelog_topic".into(),
+                value: changelog.clone(),
+                accepted: format!(
+                    "a topic with {partitions} partitions like input `{input}`, but it has {found}; \
+                     delete it (it is rebuilt from nothing only if the state may be lost) or set \
+                     changelog_topic"
+                ),
+            });
+        }
+        None => {
+            tracing::info!(topic = %changelog, partitions, "creating the changelog topic");
+            let created = kafka::create_topic(
+                options,
+                &changelog,
+                partitions,
+                &[("cleanup.policy", "compact")],
+                METADATA_TIMEOUT,
+            )
+            .await;
+            match created {
+                // Another instance created it at the same moment.
+                Err(Error::Kafka { code, .. }) if code == "TopicAlreadyExists" => {}
+                other => other?,
+            }
+        }
+    }
+    Ok(partitions)
+}
+
+/// Brings `partition`'s dedup entries and state in redb up to date with the changelog,
+/// from the stored checkpoint to the changelog's end. Must finish before any record of
+/// the partition is processed.
+pub(crate) async fn replay(
+    options: &ClientOptions,
+    changelog: &str,
+    partition: i32,
+    txlog: &Arc<TxLog>,
+    stats: &Arc<Stats>,
+) -> Result<()> {
+    let options = options.clone();
+    let changelog = changelog.to_owned();
+    let txlog = Arc::clone(txlog);
+    let stats = Arc::clone(stats);
+    kafka::blocking("replay the changelog", move || {
+        let checkpoint = txlog.checkpoint(partition)?;
+        let started = std::time::Instant::now();
+        let mut replayed = 0u64;
+        let mut apply = |records: Vec<kafka::Record>| -> Result<()> {
+            crate::engine::crash_point!("onceflow-during-replay");
+            let Some(last) = records.last().map(|r| r.offset) else { return Ok(()) };
+            let changes = records
+                .iter()
+                .map(|r| {
+                    Change::decode(
+                        r.key.as_deref().unwrap_or_default(),
+                        r.value.as_deref(),
+                        &format!("changelog record {changelog}/{partition}@{}", r.offset),
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            txlog.apply(&[(partition, changes, Some(last + 1))])?;
+            replayed += records.len() as u64;
+            Stats::add(&stats.replayed_records, records.len() as u64);
+            tracing::info!(partition, replayed, "replaying the changelog");
+            Ok(())
+        };
+        let read = kafka::read_partition(
+            &options,
+            &changelog,
+            partition,
+            checkpoint,
+            REPLAY_CHUNK,
+            METADATA_TIMEOUT,
+            &mut apply,
+        );
+        let end = match read {
+            Err(Error::Corrupt { message, .. }) => {
+                // The changelog is shorter than what redb says it has seen: the topic was
+                // recreated. What redb holds for this partition cannot be trusted.
+                tracing::warn!(partition, %message, "forgetting the partition and replaying from the start");
+                txlog.clear_partition(partition)?;
+                kafka::read_partition(
+                    &options,
+                    &changelog,
+                    partition,
+                    None,
+                    REPLAY_CHUNK,
+                    METADATA_TIMEOUT,
+                    &mut apply,
+                )?
+            }
+            other => other?,
+        };
+        // Past the last record there may be commit markers; start after them next time.
+        if txlog.checkpoint(partition)? != Some(end) {
+            txlog.apply(&[(partition, Vec::new(), Some(end))])?;
+        }
+        tracing::info!(partition, replayed, end, elapsed = ?started.elapsed(), "changelog replayed");
+        Ok(())
+    })
+    .await
+}

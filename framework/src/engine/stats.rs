@@ -1,0 +1,73 @@
+//! Counters the engine keeps, readable while it runs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Live counters of one engine.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) records_in: AtomicU64,
+    pub(crate) outputs: AtomicU64,
+    pub(crate) duplicates_skipped: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) aborts: AtomicU64,
+    pub(crate) replayed_records: AtomicU64,
+    pub(crate) expired_entries: AtomicU64,
+}
+
+/// A copy of [`Stats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StatsSnapshot {
+    /// Input records taken into batches that committed or aborted.
+    pub records_in: u64,
+    /// Output records emitted (into committed or aborted batches).
+    pub outputs: u64,
+    /// Inputs skipped because their event ID was already processed, in committed batches.
+    pub duplicates_skipped: u64,
+    /// Batches committed.
+    pub commits: u64,
+    /// Batches aborted and rewound.
+    pub aborts: u64,
+    /// Changelog records replayed into the transaction log.
+    pub replayed_records: u64,
+    /// Dedup entries expired.
+    pub expired_entries: u64,
+}
+
+impl Stats {
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        StatsSnapshot {
+            records_in: get(&self.records_in),
+            outputs: get(&self.outputs),
+            duplicates_skipped: get(&self.duplicates_skipped),
+            commits: get(&self.commits),
+            aborts: get(&self.aborts),
+            replayed_records: get(&self.replayed_records),
+            expired_entries: get(&self.expired_entries),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Asks a running engine to stop after its current batch: it commits that batch, leaves
+/// the group and releases its state.
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown(Arc<AtomicBool>);
+
+impl Shutdown {
+    /// Asks the engine to stop.
+    pub fn trigger(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a stop was asked for.
+    pub fn is_triggered(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}

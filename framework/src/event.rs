@@ -1,0 +1,75 @@
+//! Events: what a processor consumes, how it is decoded, and how duplicates are recognised.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A decoded input event.
+///
+/// An event may carry a business **event ID** (a payment ID, an order ID): two records
+/// with the same ID on the same input partition are the same event, and the second is
+/// skipped. Without an ID (here or in the `onceflow-event-id` header) a record is
+/// deduplicated by its offset only, which covers redelivery after a crash but not a
+/// producer that sent the same event twice.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an onceflow `Event`",
+    label = "the processor's input type must implement `onceflow::Event`",
+    note = "implement `onceflow::Event` for it (both methods have defaults), or derive it once the derives are available"
+)]
+pub trait Event {
+    /// The event's business ID, if it has one.
+    fn event_id(&self) -> Option<String> {
+        None
+    }
+
+    /// The event's key (for logs), if it has one.
+    fn key(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Turns values into bytes and back. [`Json`] is the default.
+pub trait Codec: Send + Sync + 'static {
+    /// Decodes `bytes` into a `T`, or says why not.
+    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String>;
+    /// Encodes `value`, or says why not.
+    fn encode<T: Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, String>;
+}
+
+/// JSON through serde.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Json;
+
+impl Codec for Json {
+    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String> {
+        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    }
+
+    fn encode<T: Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, String> {
+        serde_json::to_vec(value).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Order {
+        id: String,
+        amount: i64,
+    }
+
+    #[test]
+    fn json_round_trips_and_names_what_is_wrong() {
+        let order = Order {
+            id: "o-1".into(),
+            amount: 5,
+        };
+        let bytes = Json.encode(&order).expect("encode");
+        assert_eq!(Json.decode::<Order>(&bytes).expect("decode"), order);
+        let error = Json
+            .decode::<Order>(b"{\"id\":\"o-1\"}")
+            .expect_err("missing field");
+        assert!(error.contains("amount"), "{error}");
+    }
+}

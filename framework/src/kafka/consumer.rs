@@ -1,0 +1,223 @@
+//! The input consumer: polled in batches, with rebalances reported between batches.
+//!
+//! The engine only ever polls when no transaction is open, and rebalance callbacks only
+//! run inside a poll, so a revocation never finds an open transaction: that is how "the
+//! open transaction is committed before partitions are revoked" holds, by construction.
+//! The protocol is eager (librdkafka's default assignors): a rebalance revokes every
+//! partition, and the engine replays the changelog of every partition it is then given.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use super::{ClientOptions, Isolation, Record, blocking, kafka_error, read::to_record};
+use crate::Result;
+
+/// A change of assignment, as seen between two batches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Rebalanced {
+    /// These partitions were taken away.
+    Revoked(Vec<i32>),
+    /// These partitions were given (their records may follow in the same poll).
+    Assigned(Vec<i32>),
+}
+
+/// Records rebalances as librdkafka reports them, for the engine to act on.
+#[derive(Default)]
+pub(crate) struct RebalanceLog {
+    events: Mutex<Vec<Rebalanced>>,
+}
+
+impl ClientContext for RebalanceLog {}
+
+impl ConsumerContext for RebalanceLog {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(list) = rebalance {
+            self.push(Rebalanced::Revoked(partitions(list)));
+        }
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            self.push(Rebalanced::Assigned(partitions(list)));
+        }
+    }
+}
+
+impl RebalanceLog {
+    fn push(&self, event: Rebalanced) {
+        tracing::info!(?event, "rebalance");
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(event);
+    }
+
+    fn take(&self) -> Vec<Rebalanced> {
+        std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+fn partitions(list: &TopicPartitionList) -> Vec<i32> {
+    list.elements().iter().map(|e| e.partition()).collect()
+}
+
+/// One poll's worth of input.
+#[derive(Debug, Default)]
+pub(crate) struct Polled {
+    pub(crate) records: Vec<Record>,
+    pub(crate) rebalances: Vec<Rebalanced>,
+}
+
+/// The consumer of the input topic, in the operator's group.
+#[derive(Clone)]
+pub(crate) struct InputConsumer {
+    pub(super) consumer: Arc<BaseConsumer<RebalanceLog>>,
+    topic: String,
+    instance_id: String,
+}
+
+impl std::fmt::Debug for InputConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InputConsumer")
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InputConsumer {
+    /// Subscribes to `topic` in `group` (auto-commit off: offsets move only when the engine
+    /// says so).
+    ///
+    /// The member is static (`group.instance.id` = the instance ID): a restarted instance
+    /// takes its old place at once instead of waiting out the dead member's session.
+    pub(crate) fn subscribe(
+        options: &ClientOptions,
+        group: &str,
+        instance_id: &str,
+        topic: &str,
+        isolation: Isolation,
+    ) -> Result<Self> {
+        let consumer: BaseConsumer<RebalanceLog> = options
+            .config(&[
+                ("group.id", group),
+                ("group.instance.id", instance_id),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("auto.offset.reset", "earliest"),
+                ("isolation.level", isolation.as_config()),
+                ("partition.assignment.strategy", "range,roundrobin"),
+            ])
+            .create_with_context(RebalanceLog::default())
+            .map_err(|e| kafka_error(format!("create the consumer of `{topic}`"), e))?;
+        consumer
+            .subscribe(&[topic])
+            .map_err(|e| kafka_error(format!("subscribe to `{topic}`"), e))?;
+        Ok(InputConsumer {
+            consumer: Arc::new(consumer),
+            topic: topic.to_owned(),
+            instance_id: instance_id.to_owned(),
+        })
+    }
+
+    /// Polls until `max_records` records, `max_wait`, or a rebalance, whichever comes
+    /// first. Records polled before a revocation are dropped: they were not processed,
+    /// and whoever owns the partition next reads them again from the committed offset.
+    pub(crate) async fn poll(&self, max_records: usize, max_wait: Duration) -> Result<Polled> {
+        let consumer = Arc::clone(&self.consumer);
+        let topic = self.topic.clone();
+        let instance_id = self.instance_id.clone();
+        blocking("poll", move || {
+            let deadline = Instant::now() + max_wait;
+            let mut polled = Polled::default();
+            while polled.records.len() < max_records {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                let message = consumer.poll(left.min(Duration::from_millis(50)));
+                let rebalances = consumer.context().take();
+                if !rebalances.is_empty() {
+                    for event in &rebalances {
+                        if let Rebalanced::Revoked(revoked) = event {
+                            polled.records.retain(|r| !revoked.contains(&r.partition));
+                        }
+                    }
+                    polled.rebalances.extend(rebalances);
+                }
+                match message {
+                    None => {}
+                    Some(Ok(message)) => polled.records.push(to_record(&message)),
+                    Some(Err(error)) => {
+                        let error = kafka_error(format!("consume `{topic}`"), error);
+                        if error.kafka_code() == Some("FencedInstanceId") {
+                            return Err(crate::Error::Fenced {
+                                what: format!("group.instance.id `{instance_id}`"),
+                                detail: error.to_string(),
+                            });
+                        }
+                        return Err(error);
+                    }
+                }
+                if !polled.rebalances.is_empty() {
+                    break;
+                }
+            }
+            Ok(polled)
+        })
+        .await
+    }
+
+    /// Moves the fetch position of each `(partition, offset)` back, after an abort.
+    pub(crate) async fn seek(&self, positions: Vec<(i32, i64)>) -> Result<()> {
+        let consumer = Arc::clone(&self.consumer);
+        let topic = self.topic.clone();
+        blocking("seek", move || {
+            for (partition, offset) in positions {
+                consumer
+                    .seek(
+                        &topic,
+                        partition,
+                        Offset::Offset(offset),
+                        Duration::from_secs(10),
+                    )
+                    .map_err(|e| {
+                        kafka_error(format!("seek `{topic}` [{partition}] to {offset}"), e)
+                    })?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Commits offsets outside any transaction (the two weaker delivery modes).
+    pub(crate) async fn commit(&self, offsets: Vec<(i32, i64)>) -> Result<()> {
+        let consumer = Arc::clone(&self.consumer);
+        let topic = self.topic.clone();
+        blocking("commit offsets", move || {
+            let mut list = TopicPartitionList::new();
+            for (partition, offset) in offsets {
+                list.add_partition_offset(&topic, partition, Offset::Offset(offset))
+                    .map_err(|e| kafka_error("commit offsets", e))?;
+            }
+            consumer
+                .commit(&list, rdkafka::consumer::CommitMode::Sync)
+                .map_err(|e| kafka_error(format!("commit offsets of `{topic}`"), e))
+        })
+        .await
+    }
+
+    /// Leaves the group (revoking every partition), so others take over at once.
+    pub(crate) async fn close(self) -> Result<()> {
+        let consumer = self.consumer;
+        blocking("leave the group", move || {
+            consumer.unsubscribe();
+            // Serve the revocation callback that leaving triggers.
+            let _ = consumer.poll(Duration::from_millis(100));
+            Ok(())
+        })
+        .await
+    }
+}

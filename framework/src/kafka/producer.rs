@@ -1,0 +1,237 @@
+//! The instance's producer: transactional in exactly-once mode, idempotent otherwise.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{ClientOptions, InputConsumer, blocking, kafka_error};
+use crate::{Error, Result};
+
+/// Where a sent record landed, once the broker acknowledged it.
+pub(crate) struct Pending {
+    delivery: DeliveryFuture,
+    topic: String,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pending {
+    /// Waits for the broker's acknowledgement: `(partition, offset)`.
+    pub(crate) async fn landed(self) -> Result<(i32, i64)> {
+        match self.delivery.await {
+            Ok(Ok(delivery)) => Ok((delivery.partition, delivery.offset)),
+            Ok(Err((error, _))) => Err(kafka_error(format!("produce to `{}`", self.topic), error)),
+            Err(_) => Err(Error::Broker(format!(
+                "the producer of `{}` went away",
+                self.topic
+            ))),
+        }
+    }
+}
+
+/// The producer of outputs and changelog records.
+#[derive(Clone)]
+pub(crate) struct OutputProducer {
+    producer: FutureProducer,
+    transactional_id: Option<String>,
+    transaction_timeout: Duration,
+}
+
+impl std::fmt::Debug for OutputProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutputProducer")
+            .field("transactional_id", &self.transactional_id)
+            .finish()
+    }
+}
+
+impl OutputProducer {
+    /// A transactional producer with `transactional_id`, initialised: any earlier producer
+    /// with the same ID is fenced and its open transaction aborted.
+    pub(crate) async fn transactional(
+        options: &ClientOptions,
+        transactional_id: &str,
+        transaction_timeout: Duration,
+    ) -> Result<Self> {
+        let timeout_ms = transaction_timeout.as_millis().to_string();
+        let producer: FutureProducer = options
+            .config(&[
+                ("transactional.id", transactional_id),
+                ("enable.idempotence", "true"),
+                ("transaction.timeout.ms", &timeout_ms),
+                ("linger.ms", "5"),
+            ])
+            .create()
+            .map_err(|e| kafka_error("create the transactional producer", e))?;
+        let init = producer.clone();
+        blocking("init_transactions", move || {
+            init.init_transactions(transaction_timeout)
+                .map_err(|e| kafka_error("init_transactions", e))
+        })
+        .await?;
+        Ok(OutputProducer {
+            producer,
+            transactional_id: Some(transactional_id.to_owned()),
+            transaction_timeout,
+        })
+    }
+
+    /// An idempotent, non-transactional producer (at-least-once and at-most-once).
+    pub(crate) fn idempotent(options: &ClientOptions) -> Result<Self> {
+        let producer: FutureProducer = options
+            .config(&[
+                ("enable.idempotence", "true"),
+                ("acks", "all"),
+                ("linger.ms", "5"),
+            ])
+            .create()
+            .map_err(|e| kafka_error("create the producer", e))?;
+        Ok(OutputProducer {
+            producer,
+            transactional_id: None,
+            transaction_timeout: Duration::from_secs(60),
+        })
+    }
+
+    fn classify(&self, operation: &str, error: KafkaError) -> Error {
+        let translated = kafka_error(operation, error);
+        let fenced = matches!(
+            translated.kafka_code(),
+            Some("Fenced" | "ProducerFenced" | "InvalidProducerEpoch")
+        );
+        match (&self.transactional_id, fenced) {
+            (Some(id), true) => Error::Fenced {
+                what: format!("transactional.id `{id}`"),
+                detail: translated.to_string(),
+            },
+            _ => translated,
+        }
+    }
+
+    /// Starts a transaction (a local state change in librdkafka; it does not block).
+    pub(crate) fn begin(&self) -> Result<()> {
+        self.producer
+            .begin_transaction()
+            .map_err(|e| self.classify("begin_transaction", e))
+    }
+
+    /// Queues a record; waits while librdkafka's queue is full.
+    pub(crate) async fn send(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Result<Pending> {
+        loop {
+            let mut record = FutureRecord::<[u8], [u8]>::to(topic);
+            if let Some(partition) = partition {
+                record = record.partition(partition);
+            }
+            if let Some(key) = key {
+                record = record.key(key);
+            }
+            if let Some(value) = value {
+                record = record.payload(value);
+            }
+            match self.producer.send_result(record) {
+                Ok(delivery) => {
+                    return Ok(Pending {
+                        delivery,
+                        topic: topic.to_owned(),
+                    });
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((error, _)) => {
+                    return Err(self.classify(&format!("produce to `{topic}`"), error));
+                }
+            }
+        }
+    }
+
+    /// Adds the consumer's next offsets to the open transaction, with the consumer's
+    /// current group metadata (so a consumer that lost its generation cannot commit).
+    pub(crate) async fn send_offsets(
+        &self,
+        consumer: &InputConsumer,
+        topic: &str,
+        offsets: Vec<(i32, i64)>,
+    ) -> Result<()> {
+        let metadata = consumer
+            .consumer
+            .group_metadata()
+            .ok_or_else(|| Error::Broker("the consumer has no group metadata yet".into()))?;
+        let mut list = TopicPartitionList::new();
+        for (partition, offset) in offsets {
+            list.add_partition_offset(topic, partition, Offset::Offset(offset))
+                .map_err(|e| kafka_error("send_offsets_to_transaction", e))?;
+        }
+        let this = self.clone();
+        blocking("send_offsets_to_transaction", move || {
+            this.producer
+                .send_offsets_to_transaction(&list, &metadata, this.transaction_timeout)
+                .map_err(|e| this.classify("send_offsets_to_transaction", e))
+        })
+        .await
+    }
+
+    /// Commits the open transaction. A commit that times out is retried (librdkafka allows
+    /// it) until `transaction.timeout.ms` has passed in all; then it is an error.
+    pub(crate) async fn commit(&self) -> Result<()> {
+        let this = self.clone();
+        blocking("commit_transaction", move || {
+            let started = Instant::now();
+            loop {
+                let left = this.transaction_timeout.saturating_sub(started.elapsed());
+                match this
+                    .producer
+                    .commit_transaction(left.max(Duration::from_millis(100)))
+                {
+                    Ok(()) => return Ok(()),
+                    Err(error) => {
+                        let error = this.classify("commit_transaction", error);
+                        if error.is_retriable() && started.elapsed() < this.transaction_timeout {
+                            tracing::warn!(%error, "commit timed out; retrying");
+                            continue;
+                        }
+                        return Err(error);
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// Aborts the open transaction.
+    pub(crate) async fn abort(&self) -> Result<()> {
+        let this = self.clone();
+        blocking("abort_transaction", move || {
+            this.producer
+                .abort_transaction(this.transaction_timeout)
+                .map_err(|e| this.classify("abort_transaction", e))
+        })
+        .await
+    }
+
+    /// Waits until every queued record is acknowledged (non-transactional modes).
+    pub(crate) async fn flush(&self) -> Result<()> {
+        let this = self.clone();
+        blocking("flush", move || {
+            this.producer
+                .flush(this.transaction_timeout)
+                .map_err(|e| this.classify("flush", e))
+        })
+        .await
+    }
+}

@@ -1,0 +1,102 @@
+//! Reading one changelog partition from a checkpoint to its end.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{ClientOptions, Record, kafka_error, read::to_record};
+use crate::{Error, Result};
+
+/// Reads `topic` [`partition`] under `read_committed` from `from` (the beginning when
+/// `None`) to its last stable offset, handing records to `apply` in chunks of at most
+/// `chunk` records. Blocking: call it inside [`super::blocking`].
+///
+/// Returns the next offset to read after what was read. A checkpoint past the end of the
+/// partition (the topic was recreated or truncated) is [`Error::Corrupt`].
+pub(crate) fn read_partition(
+    options: &ClientOptions,
+    topic: &str,
+    partition: i32,
+    from: Option<i64>,
+    chunk: usize,
+    timeout: Duration,
+    mut apply: impl FnMut(Vec<Record>) -> Result<()>,
+) -> Result<i64> {
+    let operation = format!("replay `{topic}` [{partition}]");
+    let consumer: BaseConsumer = options
+        .config(&[
+            ("group.id", "onceflow-replay"),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("enable.partition.eof", "true"),
+            ("isolation.level", "read_committed"),
+            ("auto.offset.reset", "earliest"),
+        ])
+        .create()
+        .map_err(|e| kafka_error(&operation, e))?;
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, timeout)
+        .map_err(|e| kafka_error(format!("{operation}: watermarks"), e))?;
+    let start = match from {
+        Some(offset) if offset > high => {
+            return Err(Error::Corrupt {
+                what: format!("checkpoint of `{topic}` [{partition}]"),
+                message: format!(
+                    "the checkpoint ({offset}) is past the end of the changelog ({high}): \
+                     the topic was recreated or truncated"
+                ),
+            });
+        }
+        Some(offset) => Offset::Offset(offset.max(low)),
+        None => Offset::Beginning,
+    };
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, partition, start)
+        .map_err(|e| kafka_error(&operation, e))?;
+    consumer
+        .assign(&assignment)
+        .map_err(|e| kafka_error(&operation, e))?;
+
+    let mut next = from.unwrap_or(low).max(low);
+    let mut pending = Vec::with_capacity(chunk);
+    let mut last_progress = Instant::now();
+    loop {
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {
+                if last_progress.elapsed() > timeout {
+                    return Err(Error::Timeout {
+                        what: operation,
+                        after: timeout,
+                        detail: format!("stuck at offset {next} of {high}"),
+                    });
+                }
+            }
+            Some(Ok(message)) => {
+                let record = to_record(&message);
+                next = record.offset + 1;
+                pending.push(record);
+                last_progress = Instant::now();
+                if pending.len() >= chunk {
+                    apply(std::mem::take(&mut pending))?;
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => break,
+            Some(Err(error)) => return Err(kafka_error(&operation, error)),
+        }
+    }
+    if !pending.is_empty() {
+        apply(pending)?;
+    }
+    // The position after end-of-partition may lie past the last record (commit markers).
+    if let Ok(position) = consumer.position()
+        && let Some(Offset::Offset(offset)) = position
+            .find_partition(topic, partition)
+            .map(|element| element.offset())
+    {
+        next = next.max(offset);
+    }
+    Ok(next)
+}

@@ -1,0 +1,220 @@
+//! The processor a user writes, and the context it works through.
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::event::{Codec, Event, Json};
+use crate::txlog::{Overlay, TxLog};
+use crate::{Error, Result};
+
+/// A stream processor: handles one decoded input event at a time.
+///
+/// Everything it does through the [`Context`] (emitting records, changing state) becomes
+/// visible exactly once, atomically with the commit of the input's offset; if the batch
+/// aborts, none of it happened, and the event is handed to `process` again.
+///
+/// ```
+/// use onceflow::{Context, Event, Processor, Result};
+///
+/// #[derive(serde::Deserialize)]
+/// struct Order { id: String, customer: String, amount: i64 }
+///
+/// impl Event for Order {
+///     fn event_id(&self) -> Option<String> { Some(self.id.clone()) }
+/// }
+///
+/// struct Billing;
+///
+/// #[onceflow::async_trait]
+/// impl Processor for Billing {
+///     type Input = Order;
+///     fn name(&self) -> &str { "billing" }
+///     async fn process(&mut self, order: Order, ctx: &mut Context<'_>) -> Result<()> {
+///         let total = ctx.state().get::<i64>(&order.customer)?.unwrap_or(0) + order.amount;
+///         ctx.state().put(&order.customer, &total)?;
+///         ctx.emit("invoices", &order.customer, &serde_json::json!({ "order": order.id, "total": total }))
+///     }
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an onceflow `Processor`",
+    note = "implement `onceflow::Processor` (with `#[onceflow::async_trait]`) for it"
+)]
+#[async_trait]
+pub trait Processor: Send + 'static {
+    /// The decoded input event.
+    type Input: Event + DeserializeOwned + Send + 'static;
+
+    /// The processor's name, for logs and metrics.
+    fn name(&self) -> &str;
+
+    /// Handles one event. An error stops the instance unless it is transient
+    /// ([`Error::transient`]), in which case the event is tried again.
+    async fn process(&mut self, input: Self::Input, ctx: &mut Context<'_>) -> Result<()>;
+}
+
+/// Where an input record came from.
+#[derive(Debug, Clone)]
+pub struct RecordMeta {
+    /// Input topic.
+    pub topic: String,
+    /// Input partition: state and dedup are scoped to it.
+    pub partition: i32,
+    /// Offset in the partition.
+    pub offset: i64,
+    /// Timestamp in milliseconds since the epoch, if the record has one.
+    pub timestamp_ms: Option<i64>,
+    /// Headers of the record.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// The event ID used for dedup, if any.
+    pub event_id: Option<String>,
+}
+
+/// A record the processor emitted, waiting for the batch's transaction.
+#[derive(Debug, Clone)]
+pub(crate) struct Output {
+    pub(crate) topic: String,
+    pub(crate) key: Option<Vec<u8>>,
+    pub(crate) value: Vec<u8>,
+}
+
+/// What a processor can do while handling one event.
+pub struct Context<'a> {
+    pub(crate) meta: &'a RecordMeta,
+    /// This record's writes: merged into the batch only if the processor succeeds, so a
+    /// failed attempt leaves nothing behind.
+    pub(crate) overlay: &'a mut Overlay,
+    /// The batch's writes so far.
+    pub(crate) batch: &'a Overlay,
+    pub(crate) txlog: &'a TxLog,
+    pub(crate) outputs: &'a mut Vec<Output>,
+    pub(crate) declared_outputs: &'a BTreeSet<String>,
+}
+
+impl std::fmt::Debug for Context<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("meta", self.meta)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context<'_> {
+    /// Emits `value` (as JSON) with `key` to `topic`, one of the declared outputs.
+    pub fn emit<V: Serialize + ?Sized>(&mut self, topic: &str, key: &str, value: &V) -> Result<()> {
+        let value = Json.encode(value).map_err(|message| Error::Encode {
+            what: format!("a record for `{topic}`"),
+            message,
+        })?;
+        self.emit_bytes(topic, Some(key.as_bytes().to_vec()), value)
+    }
+
+    /// Emits raw bytes to `topic`, one of the declared outputs.
+    pub fn emit_bytes(&mut self, topic: &str, key: Option<Vec<u8>>, value: Vec<u8>) -> Result<()> {
+        if !self.declared_outputs.contains(topic) {
+            return Err(Error::UndeclaredOutput {
+                topic: topic.to_owned(),
+                declared: self
+                    .declared_outputs
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        self.outputs.push(Output {
+            topic: topic.to_owned(),
+            key,
+            value,
+        });
+        Ok(())
+    }
+
+    /// The state of this input partition: reads see this batch's own writes.
+    pub fn state(&mut self) -> State<'_> {
+        State {
+            partition: self.meta.partition,
+            overlay: self.overlay,
+            batch: self.batch,
+            txlog: self.txlog,
+        }
+    }
+
+    /// Where the event came from.
+    pub fn record(&self) -> &RecordMeta {
+        self.meta
+    }
+
+    /// Input partition.
+    pub fn partition(&self) -> i32 {
+        self.meta.partition
+    }
+
+    /// Input offset.
+    pub fn offset(&self) -> i64 {
+        self.meta.offset
+    }
+
+    /// The event ID used for dedup, if any.
+    pub fn event_id(&self) -> Option<&str> {
+        self.meta.event_id.as_deref()
+    }
+}
+
+/// Typed key-value state scoped to one input partition (values as JSON).
+pub struct State<'a> {
+    partition: i32,
+    overlay: &'a mut Overlay,
+    batch: &'a Overlay,
+    txlog: &'a TxLog,
+}
+
+impl std::fmt::Debug for State<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("partition", &self.partition)
+            .finish_non_exhaustive()
+    }
+}
+
+impl State<'_> {
+    /// The value under `key`, if any.
+    pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
+        let key_bytes = key.as_bytes();
+        let bytes = match self
+            .overlay
+            .get(self.partition, key_bytes)
+            .or_else(|| self.batch.get(self.partition, key_bytes))
+        {
+            Some(written) => written.map(<[u8]>::to_vec),
+            None => self.txlog.state(self.partition, key_bytes)?,
+        };
+        bytes
+            .map(|bytes| {
+                Json.decode(&bytes).map_err(|message| Error::Encode {
+                    what: format!("state `{key}` (stored value does not decode)"),
+                    message,
+                })
+            })
+            .transpose()
+    }
+
+    /// Sets `key` to `value`.
+    pub fn put<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> Result<()> {
+        let bytes = Json.encode(value).map_err(|message| Error::Encode {
+            what: format!("state `{key}`"),
+            message,
+        })?;
+        self.overlay
+            .put(self.partition, key.as_bytes().to_vec(), bytes);
+        Ok(())
+    }
+
+    /// Removes `key`.
+    pub fn delete(&mut self, key: &str) {
+        self.overlay.delete(self.partition, key.as_bytes().to_vec());
+    }
+}
