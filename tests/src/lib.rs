@@ -80,3 +80,6 @@ pub fn value_set(records: &[Record]) -> BTreeSet<String> {
 pub fn set_of<'a>(lists: impl IntoIterator<Item = &'a [String]>) -> BTreeSet<String> {
     lists.into_iter().flatten().cloned().collect()
 }
+
+pub mod child;
+pub mod sum;

@@ -1,0 +1,99 @@
+//! The processor the crash tests run as a child process: one output per input, and a
+//! per-key running sum kept in state.
+//!
+//! Input `{"id": "e-17", "key": "k3", "amount": 5}` (the ID may be absent) becomes
+//! `{"id": "e-17", "key": "k3", "amount": 5, "sum": 42}` on the output topic, keyed by
+//! `key`. Configured by environment variables (`SUM_*`, see `main`). It stops gracefully
+//! when its standard input closes or on SIGINT/SIGTERM, and prints its counters as one
+//! JSON line; it exits with 3 when fenced and 2 on any other error.
+
+use std::time::Duration;
+
+use onceflow::{Engine, EngineConfig, Error};
+use onceflow_e2e::sum::Sum;
+use tokio::io::AsyncReadExt;
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is required"))
+}
+
+#[tokio::main]
+async fn main() {
+    let _failpoints = fail::FailScenario::setup();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "onceflow=info".into()),
+        )
+        .init();
+
+    let output = env("SUM_OUTPUT");
+    let mut config = EngineConfig::new(
+        env("SUM_BROKERS"),
+        env("SUM_GROUP"),
+        env("SUM_INSTANCE"),
+        env("SUM_INPUT"),
+        env("SUM_STATE_DIR"),
+    )
+    .output(output.clone())
+    .kafka("session.timeout.ms", "6000");
+    if let Ok(mode) = std::env::var("SUM_DELIVERY") {
+        config = config.delivery(mode.parse().expect("SUM_DELIVERY"));
+    }
+    if let Ok(ms) = std::env::var("SUM_COMMIT_INTERVAL_MS") {
+        let ms: u64 = ms.parse().expect("SUM_COMMIT_INTERVAL_MS");
+        let max_batch_records = config.max_batch_records;
+        config = config.batching(Duration::from_millis(ms), max_batch_records);
+    }
+    let engine = match Engine::new(config) {
+        Ok(engine) => engine,
+        Err(error) => {
+            eprintln!("sum_processor: {error}");
+            std::process::exit(2);
+        }
+    };
+    let shutdown = engine.shutdown_handle();
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let mut buffer = [0u8; 64];
+        let closed = async {
+            while stdin
+                .read(&mut buffer)
+                .await
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {}
+        };
+        tokio::select! {
+            () = closed => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        shutdown.trigger();
+    });
+    match engine.run(Sum::new(output)).await {
+        Ok(stats) => {
+            #[allow(clippy::print_stdout)]
+            {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "records_in": stats.records_in,
+                        "outputs": stats.outputs,
+                        "duplicates_skipped": stats.duplicates_skipped,
+                        "commits": stats.commits,
+                        "aborts": stats.aborts,
+                    })
+                );
+            }
+        }
+        Err(error @ Error::Fenced { .. }) => {
+            eprintln!("sum_processor: {error}");
+            std::process::exit(3);
+        }
+        Err(error) => {
+            eprintln!("sum_processor: {error}");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The `sum_processor` binary as a child process, to be killed and restarted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How to start one instance.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    /// Path of the `sum_processor` binary.
+    pub binary: PathBuf,
+    /// Broker address.
+    pub brokers: String,
+    /// Consumer group.
+    pub group: String,
+    /// Instance ID.
+    pub instance: String,
+    /// Input topic.
+    pub input: String,
+    /// Output topic.
+    pub output: String,
+    /// State directory root.
+    pub state_dir: PathBuf,
+    /// Extra environment (e.g. `FAILPOINTS`, `SUM_DELIVERY`).
+    pub env: Vec<(String, String)>,
+}
+
+impl Instance {
+    /// Starts it.
+    pub fn spawn(&self) -> Running {
+        let mut command = Command::new(&self.binary);
+        command
+            .env("SUM_BROKERS", &self.brokers)
+            .env("SUM_GROUP", &self.group)
+            .env("SUM_INSTANCE", &self.instance)
+            .env("SUM_INPUT", &self.input)
+            .env("SUM_OUTPUT", &self.output)
+            .env("SUM_STATE_DIR", &self.state_dir)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "onceflow=warn".into()),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (key, value) in &self.env {
+            command.env(key, value);
+        }
+        Running {
+            child: command.spawn().expect("spawn sum_processor"),
+        }
+    }
+
+    /// The same instance with one more environment variable.
+    pub fn with_env(&self, key: &str, value: &str) -> Instance {
+        let mut copy = self.clone();
+        copy.env.push((key.to_owned(), value.to_owned()));
+        copy
+    }
+
+    /// This instance's state directory.
+    pub fn instance_dir(&self) -> PathBuf {
+        self.state_dir.join(&self.group).join(&self.instance)
+    }
+}
+
+/// A running instance.
+#[derive(Debug)]
+pub struct Running {
+    child: Child,
+}
+
+impl Running {
+    /// SIGKILL, and wait for it to be gone.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Asks for a graceful stop (closes its stdin) and returns its counters.
+    pub fn stop(mut self, within: Duration) -> serde_json::Value {
+        drop(self.child.stdin.take());
+        let status = self.wait(within);
+        assert!(status.success(), "sum_processor exited with {status}");
+        let mut stdout = String::new();
+        use std::io::Read;
+        self.child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut stdout)
+            .expect("read stdout");
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("counters {stdout:?}: {e}"))
+    }
+
+    /// Waits for it to exit by itself (a crash point, a fence), at most `within`.
+    pub fn wait(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                panic!("sum_processor still running after {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether it is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+}
+
+/// Removes a state directory (as a lost disk would).
+pub fn wipe(dir: &Path) {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).expect("wipe state dir");
+    }
+}

@@ -1,0 +1,201 @@
+//! The workload of the engine tests: keyed amounts in, one output per input with the
+//! key's running sum, and the checks that say whether that happened exactly once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use onceflow::testkit::{Isolation, Kafka, OutgoingRecord};
+use onceflow::{Context, Event, Processor, Result};
+use serde::{Deserialize, Serialize};
+
+/// An input event.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Amount {
+    /// Business event ID; absent for events deduplicated by offset only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The key whose sum this adds to.
+    pub key: String,
+    /// The amount added.
+    pub amount: i64,
+}
+
+impl Event for Amount {
+    fn event_id(&self) -> Option<String> {
+        self.id.clone()
+    }
+}
+
+/// An output record.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Summed {
+    /// The input's ID.
+    pub id: Option<String>,
+    /// The input's key.
+    pub key: String,
+    /// The input's amount.
+    pub amount: i64,
+    /// The key's sum including this input.
+    pub sum: i64,
+}
+
+/// Emits one [`Summed`] per [`Amount`], keeping each key's sum in state.
+#[derive(Debug)]
+pub struct Sum {
+    output: String,
+}
+
+impl Sum {
+    /// A processor writing to `output`.
+    pub fn new(output: impl Into<String>) -> Self {
+        Sum {
+            output: output.into(),
+        }
+    }
+}
+
+#[onceflow::async_trait]
+impl Processor for Sum {
+    type Input = Amount;
+
+    fn name(&self) -> &str {
+        "sum"
+    }
+
+    async fn process(&mut self, input: Amount, ctx: &mut Context<'_>) -> Result<()> {
+        let sum = ctx.state().get::<i64>(&input.key)?.unwrap_or(0) + input.amount;
+        ctx.state().put(&input.key, &sum)?;
+        let output = Summed {
+            id: input.id,
+            key: input.key.clone(),
+            amount: input.amount,
+            sum,
+        };
+        ctx.emit(&self.output, &input.key, &output)
+    }
+}
+
+/// `count` events numbered from `first`, spread over `keys` keys, each with an ID.
+pub fn amounts(first: usize, count: usize, keys: usize) -> Vec<Amount> {
+    (first..first + count)
+        .map(|i| Amount {
+            id: Some(format!("e-{i}")),
+            key: format!("k{}", i % keys),
+            amount: (i % 7 + 1) as i64,
+        })
+        .collect()
+}
+
+/// Writes events keyed by their key, so each key's events stay in order on one partition.
+pub async fn produce(kafka: &Kafka, topic: &str, events: &[Amount]) -> Result<()> {
+    let records = events.iter().map(|event| {
+        OutgoingRecord::keyed(event.key.clone(), serde_json::to_vec(event).expect("json"))
+    });
+    kafka.produce(topic, records).await.map(|_| ())
+}
+
+/// The outputs visible to `read_committed`, in partition and offset order.
+pub async fn committed_outputs(kafka: &Kafka, topic: &str) -> Result<Vec<Summed>> {
+    let records = kafka.read_to_end(topic, Isolation::ReadCommitted).await?;
+    Ok(records
+        .iter()
+        .map(|r| {
+            serde_json::from_slice(r.value.as_deref().unwrap_or_default()).expect("output json")
+        })
+        .collect())
+}
+
+/// Waits until at least `count` outputs are visible; fails with what was seen.
+pub async fn wait_for_outputs(
+    kafka: &Kafka,
+    topic: &str,
+    count: usize,
+    within: Duration,
+) -> Result<Vec<Summed>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let outputs = committed_outputs(kafka, topic).await?;
+        if outputs.len() >= count || Instant::now() >= deadline {
+            assert!(
+                outputs.len() >= count,
+                "only {} of {count} outputs visible after {within:?}",
+                outputs.len()
+            );
+            return Ok(outputs);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Checks exactly-once: every distinct input (by ID) has exactly one output, nothing
+/// else was output, each key's outputs come in input order with the exact running sum.
+/// `inputs` is every distinct event, in the order it was first produced.
+pub fn assert_exactly_once(inputs: &[Amount], outputs: &[Summed]) {
+    let expected_ids: BTreeSet<&str> = inputs.iter().filter_map(|a| a.id.as_deref()).collect();
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for output in outputs {
+        *seen
+            .entry(output.id.as_deref().expect("output without id"))
+            .or_default() += 1;
+    }
+    let doubled: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(10).collect();
+    assert!(doubled.is_empty(), "outputs more than once: {doubled:?}");
+    let missing: Vec<_> = expected_ids
+        .iter()
+        .filter(|id| !seen.contains_key(*id))
+        .take(10)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "inputs without output: {missing:?} ({} outputs)",
+        outputs.len()
+    );
+    assert_eq!(
+        outputs.len(),
+        expected_ids.len(),
+        "outputs for events never sent"
+    );
+
+    // Per key, in input order: the running sums.
+    let mut expected: BTreeMap<&str, Vec<(&str, i64)>> = BTreeMap::new();
+    let mut sums: BTreeMap<&str, i64> = BTreeMap::new();
+    for input in inputs {
+        let sum = sums.entry(&input.key).or_default();
+        *sum += input.amount;
+        expected
+            .entry(&input.key)
+            .or_default()
+            .push((input.id.as_deref().expect("id"), *sum));
+    }
+    let mut actual: BTreeMap<&str, Vec<(&str, i64)>> = BTreeMap::new();
+    for output in outputs {
+        actual
+            .entry(&output.key)
+            .or_default()
+            .push((output.id.as_deref().expect("id"), output.sum));
+    }
+    for (key, want) in &expected {
+        let got = actual.get(key).cloned().unwrap_or_default();
+        if &got != want {
+            let first = got
+                .iter()
+                .zip(want)
+                .position(|(g, w)| g != w)
+                .unwrap_or(got.len().min(want.len()));
+            panic!(
+                "key {key}: outputs out of order or sums wrong at position {first}: got {:?}, want {:?}",
+                got.get(first),
+                want.get(first)
+            );
+        }
+    }
+}
+
+/// Each key's final sum.
+pub fn final_sums(inputs: &[Amount]) -> BTreeMap<String, i64> {
+    let mut sums = BTreeMap::new();
+    for input in inputs {
+        *sums.entry(input.key.clone()).or_default() += input.amount;
+    }
+    sums
+}

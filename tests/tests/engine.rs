@@ -1,0 +1,245 @@
+//! The exactly-once engine against the real broker, run in this process (tests that
+//! kill processes are in `engine_crash.rs`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use onceflow::testkit::{self, Isolation, Kafka};
+use onceflow::{DeliveryMode, Engine, EngineConfig, Error, StatsSnapshot};
+use onceflow_e2e::sum::{self, Amount, Sum};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+struct Setup {
+    kafka: &'static Kafka,
+    input: String,
+    output: String,
+    group: String,
+    state: tempfile::TempDir,
+}
+
+async fn setup(name: &str, partitions: i32) -> Result<Setup, Box<dyn std::error::Error>> {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    let kafka = testkit::kafka().await;
+    let input = testkit::unique_name(&format!("{name}-in"));
+    let output = testkit::unique_name(&format!("{name}-out"));
+    kafka.create_topic(&input, partitions).await?;
+    kafka.create_topic(&output, partitions).await?;
+    Ok(Setup {
+        kafka,
+        input,
+        output,
+        group: testkit::unique_name(name),
+        state: tempfile::tempdir()?,
+    })
+}
+
+impl Setup {
+    fn config(&self, instance: &str) -> EngineConfig {
+        EngineConfig::new(
+            self.kafka.bootstrap_servers(),
+            &self.group,
+            instance,
+            &self.input,
+            self.state.path(),
+        )
+        .output(&self.output)
+        .kafka("session.timeout.ms", "6000")
+    }
+
+    /// Runs an engine until `outputs` outputs are visible and its group has committed
+    /// every input offset, then stops it gracefully.
+    async fn run_until(
+        &self,
+        config: EngineConfig,
+        outputs: usize,
+    ) -> Result<StatsSnapshot, Box<dyn std::error::Error>> {
+        let engine = Engine::new(config)?;
+        let shutdown = engine.shutdown_handle();
+        let running = tokio::spawn(engine.run(Sum::new(&self.output)));
+        sum::wait_for_outputs(self.kafka, &self.output, outputs, WITHIN).await?;
+        self.wait_for_caught_up().await?;
+        shutdown.trigger();
+        Ok(running.await??)
+    }
+
+    /// Waits until the group's committed offsets reach the end of the input.
+    async fn wait_for_caught_up(&self) -> Result<(), Box<dyn std::error::Error>> {
+        let records = self
+            .kafka
+            .read_to_end(&self.input, Isolation::ReadUncommitted)
+            .await?;
+        let mut ends: BTreeMap<i32, Option<i64>> = BTreeMap::new();
+        for record in &records {
+            ends.insert(record.partition, Some(record.offset + 1));
+        }
+        let deadline = std::time::Instant::now() + WITHIN;
+        loop {
+            let committed = self
+                .kafka
+                .committed_offsets(&self.group, &self.input)
+                .await?;
+            if ends.iter().all(|(p, end)| committed.get(p) == Some(end)) {
+                return Ok(());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "offsets {committed:?}, input ends {ends:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// 1. Each input's output exactly once, per-key order kept, final state exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_events_are_output_exactly_once_with_exact_sums() -> TestResult {
+    let s = setup("eo-basic", 4).await?;
+    let inputs = sum::amounts(0, 10_000, 50);
+    sum::produce(s.kafka, &s.input, &inputs).await?;
+    let stats = s.run_until(s.config("a"), inputs.len()).await?;
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    sum::assert_exactly_once(&inputs, &outputs);
+    assert_eq!(stats.records_in, 10_000);
+    assert_eq!(stats.duplicates_skipped, 0);
+    assert!(
+        stats.commits >= 10,
+        "10,000 records in {} batches",
+        stats.commits
+    );
+    // No batch aborted, so nothing else reached the output topic, committed or not.
+    assert_eq!(stats.aborts, 0);
+    let everything = s
+        .kafka
+        .read_to_end(&s.output, Isolation::ReadUncommitted)
+        .await?;
+    assert_eq!(everything.len(), outputs.len());
+    Ok(())
+}
+
+/// 4 and 7. Duplicates re-sent later (after a restart, and after the state directory
+/// was wiped) are skipped, the skip counter equals the number injected, and the state
+/// (sums) survives the wipe through the changelog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_are_skipped_after_restart_and_after_a_wiped_state_dir() -> TestResult {
+    let s = setup("eo-dedup", 3).await?;
+    let first = sum::amounts(0, 2_000, 20);
+    sum::produce(s.kafka, &s.input, &first).await?;
+    let run1 = s.run_until(s.config("a"), first.len()).await?;
+    assert_eq!(run1.duplicates_skipped, 0);
+
+    // Restart: 5% of the events again, plus new ones.
+    let again: Vec<Amount> = first.iter().step_by(20).cloned().collect();
+    let second = sum::amounts(2_000, 1_000, 20);
+    sum::produce(s.kafka, &s.input, &again).await?;
+    sum::produce(s.kafka, &s.input, &second).await?;
+    let run2 = s
+        .run_until(s.config("a"), first.len() + second.len())
+        .await?;
+    assert_eq!(run2.duplicates_skipped, again.len() as u64);
+
+    // Wipe the state directory (a lost disk), then duplicates of both earlier rounds and
+    // new events for the same keys: dedup entries and sums come back from the changelog.
+    std::fs::remove_dir_all(s.state.path().join(&s.group))?;
+    let again_after_wipe: Vec<Amount> = first
+        .iter()
+        .skip(7)
+        .step_by(20)
+        .chain(second.iter().step_by(20))
+        .cloned()
+        .collect();
+    let third = sum::amounts(3_000, 1_000, 20);
+    sum::produce(s.kafka, &s.input, &again_after_wipe).await?;
+    sum::produce(s.kafka, &s.input, &third).await?;
+    let run3 = s
+        .run_until(s.config("a"), first.len() + second.len() + third.len())
+        .await?;
+    assert_eq!(run3.duplicates_skipped, again_after_wipe.len() as u64);
+    assert!(run3.records_in >= (again_after_wipe.len() + third.len()) as u64);
+
+    let distinct: Vec<Amount> = first.iter().chain(&second).chain(&third).cloned().collect();
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    sum::assert_exactly_once(&distinct, &outputs);
+    Ok(())
+}
+
+/// 8. A batch made only of duplicates still commits its offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_only_duplicates_commits_its_offsets() -> TestResult {
+    let s = setup("eo-dup-only", 1).await?;
+    let inputs = sum::amounts(0, 100, 5);
+    sum::produce(s.kafka, &s.input, &inputs).await?;
+    s.run_until(s.config("a"), inputs.len()).await?;
+
+    sum::produce(s.kafka, &s.input, &inputs).await?;
+    // run_until waits for the group's offsets to reach the end of the input.
+    let rerun = s.run_until(s.config("a"), inputs.len()).await?;
+    assert_eq!(rerun.duplicates_skipped, inputs.len() as u64);
+    assert_eq!(rerun.outputs, 0);
+    let committed = s.kafka.committed_offsets(&s.group, &s.input).await?;
+    assert_eq!(committed, BTreeMap::from([(0, Some(200))]));
+    Ok(())
+}
+
+/// 5. A second instance with the same instance ID fences the first, which stops with the
+///    fenced error; nothing the first did after the fence is visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_with_the_same_id_fences_the_first() -> TestResult {
+    let s = setup("eo-zombie", 2).await?;
+    let inputs = sum::amounts(0, 3_000, 10);
+    sum::produce(s.kafka, &s.input, &inputs[..1_000]).await?;
+
+    let first = Engine::new(s.config("same"))?;
+    let first_shutdown = first.shutdown_handle();
+    let first_run = tokio::spawn(first.run(Sum::new(&s.output)));
+    sum::wait_for_outputs(s.kafka, &s.output, 1_000, WITHIN).await?;
+
+    // The second instance: same group and instance ID, its own disk.
+    let other_disk = tempfile::tempdir()?;
+    let mut config = s.config("same");
+    config.state_dir = other_disk.path().to_owned();
+    let second = Engine::new(config)?;
+    let second_shutdown = second.shutdown_handle();
+    let second_run = tokio::spawn(second.run(Sum::new(&s.output)));
+    sum::produce(s.kafka, &s.input, &inputs[1_000..]).await?;
+
+    let first_result = tokio::time::timeout(WITHIN, first_run).await??;
+    match first_result {
+        Err(Error::Fenced { what, .. }) => {
+            assert!(what.contains("same"), "{what}");
+        }
+        other => panic!("the first instance should have been fenced, got {other:?}"),
+    }
+    first_shutdown.trigger();
+
+    sum::wait_for_outputs(s.kafka, &s.output, inputs.len(), WITHIN).await?;
+    s.wait_for_caught_up().await?;
+    second_shutdown.trigger();
+    second_run.await??;
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    sum::assert_exactly_once(&inputs, &outputs);
+    Ok(())
+}
+
+/// 9 (without crashes). At-least-once and at-most-once process every event once when
+/// nothing fails; what each may do when something fails is in `engine_crash.rs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weaker_modes_process_everything_once_when_nothing_fails() -> TestResult {
+    for mode in [DeliveryMode::AtLeastOnce, DeliveryMode::AtMostOnce] {
+        let s = setup("weaker", 2).await?;
+        let inputs = sum::amounts(0, 1_000, 10);
+        sum::produce(s.kafka, &s.input, &inputs).await?;
+        let stats = s
+            .run_until(s.config("a").delivery(mode), inputs.len())
+            .await?;
+        assert_eq!(stats.records_in, 1_000, "{mode:?}");
+        let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+        sum::assert_exactly_once(&inputs, &outputs);
+    }
+    Ok(())
+}

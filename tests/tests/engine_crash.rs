@@ -1,0 +1,222 @@
+//! Crashes, kills and rebalances: the `sum_processor` binary runs as child processes
+//! that are killed (SIGKILL, or `abort()` at a named crash point) and restarted; an
+//! independent `read_committed` reader then checks every input was output exactly once
+//! with the exact running sums.
+
+use std::time::{Duration, Instant};
+
+use onceflow::testkit::{self, Kafka};
+use onceflow_e2e::child::{Instance, wipe};
+use onceflow_e2e::sum::{self, Amount};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const WITHIN: Duration = Duration::from_secs(180);
+
+async fn instance(
+    kafka: &Kafka,
+    name: &str,
+    partitions: i32,
+    state: &tempfile::TempDir,
+) -> Result<Instance, Box<dyn std::error::Error>> {
+    let input = testkit::unique_name(&format!("{name}-in"));
+    let output = testkit::unique_name(&format!("{name}-out"));
+    kafka.create_topic(&input, partitions).await?;
+    kafka.create_topic(&output, partitions).await?;
+    Ok(Instance {
+        binary: env!("CARGO_BIN_EXE_sum_processor").into(),
+        brokers: kafka.bootstrap_servers().to_owned(),
+        group: testkit::unique_name(name),
+        instance: "a".into(),
+        input,
+        output,
+        state_dir: state.path().to_owned(),
+        env: Vec::new(),
+    })
+}
+
+async fn finish_and_check(kafka: &Kafka, instance: &Instance, inputs: &[Amount]) -> TestResult {
+    let running = instance.spawn();
+    let outputs = sum::wait_for_outputs(kafka, &instance.output, inputs.len(), WITHIN).await;
+    running.stop(WITHIN);
+    sum::assert_exactly_once(inputs, &outputs?);
+    Ok(())
+}
+
+/// 2. A crash at each named point of the batch cycle, then a restart: exactly once,
+///    state exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_every_point_of_the_batch_cycle_loses_and_doubles_nothing() -> TestResult {
+    let kafka = testkit::kafka().await;
+    // Points passed once per record crash at the fourth record; points passed once per
+    // batch crash in the second batch (2,000 records make two batches of 1,000), after the
+    // first one committed.
+    for (point, passes) in [
+        ("onceflow-after-process", 3),
+        ("onceflow-after-produce", 3),
+        ("onceflow-before-send-offsets", 1),
+        ("onceflow-before-commit", 1),
+        ("onceflow-after-commit-before-apply", 1),
+    ] {
+        let state = tempfile::tempdir()?;
+        let base = instance(kafka, "crash-point", 2, &state).await?;
+        let inputs = sum::amounts(0, 2_000, 10);
+        sum::produce(kafka, &base.input, &inputs).await?;
+
+        // Pass the point a few times, then crash there.
+        let mut crashing = base
+            .with_env("FAILPOINTS", &format!("{point}={passes}*off->return"))
+            .spawn();
+        let status = crashing.wait(Duration::from_secs(60));
+        assert!(!status.success(), "{point}: expected a crash, got {status}");
+        finish_and_check(kafka, &base, &inputs)
+            .await
+            .map_err(|e| format!("{point}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// 2 (replay). A crash after commit and before the redb apply leaves redb behind the
+///    changelog; a crash during the replay that repairs it; then a clean restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_replay_is_repaired_by_the_next_replay() -> TestResult {
+    let kafka = testkit::kafka().await;
+    let state = tempfile::tempdir()?;
+    let base = instance(kafka, "crash-replay", 1, &state).await?;
+    let inputs = sum::amounts(0, 3_000, 10);
+    sum::produce(kafka, &base.input, &inputs).await?;
+
+    let mut first = base
+        .with_env(
+            "FAILPOINTS",
+            "onceflow-after-commit-before-apply=1*off->return",
+        )
+        .spawn();
+    assert!(!first.wait(WITHIN).success());
+    let mut second = base
+        .with_env("FAILPOINTS", "onceflow-during-replay=return")
+        .spawn();
+    assert!(
+        !second.wait(WITHIN).success(),
+        "the replay crash point was not reached"
+    );
+    finish_and_check(kafka, &base, &inputs).await
+}
+
+/// A small deterministic generator, so a failing run can be repeated with its seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % bound
+    }
+}
+
+/// 3. Twenty SIGKILLs at random moments during a 50,000-event run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_sigkills_during_fifty_thousand_events() -> TestResult {
+    let kafka = testkit::kafka().await;
+    let state = tempfile::tempdir()?;
+    let base = instance(kafka, "sigkill", 4, &state).await?;
+    let inputs = sum::amounts(0, 50_000, 100);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64;
+    eprintln!("sigkill seed {seed}");
+    let mut random = Lcg(seed);
+
+    // Input keeps arriving while the processor is killed and restarted.
+    let producer_input = inputs.clone();
+    let topic = base.input.clone();
+    let feeding = tokio::spawn(async move {
+        for chunk in producer_input.chunks(2_500) {
+            sum::produce(kafka, &topic, chunk).await.expect("produce");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let started = Instant::now();
+    for kill in 0..20 {
+        let running = base.spawn();
+        tokio::time::sleep(Duration::from_millis(300 + random.next(1_500))).await;
+        running.kill();
+        eprintln!("kill {} at {:?}", kill + 1, started.elapsed());
+    }
+    feeding.await?;
+    finish_and_check(kafka, &base, &inputs).await?;
+    eprintln!(
+        "20 SIGKILLs and 50,000 events exactly once in {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+/// 6. Rebalance: two instances, a third joins mid-stream, then one is SIGKILLed: exactly
+///    once, state exact (state moves between instances through the changelog).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_joining_and_dying_move_state_through_the_changelog() -> TestResult {
+    let kafka = testkit::kafka().await;
+    let disks = [
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    ];
+    let a = instance(kafka, "rebalance", 6, &disks[0]).await?;
+    let b = Instance {
+        instance: "b".into(),
+        state_dir: disks[1].path().to_owned(),
+        ..a.clone()
+    };
+    let c = Instance {
+        instance: "c".into(),
+        state_dir: disks[2].path().to_owned(),
+        ..a.clone()
+    };
+    let inputs = sum::amounts(0, 30_000, 60);
+    let (first, rest) = inputs.split_at(10_000);
+    let (second, third) = rest.split_at(10_000);
+
+    sum::produce(kafka, &a.input, first).await?;
+    let running_a = a.spawn();
+    let running_b = b.spawn();
+    sum::wait_for_outputs(kafka, &a.output, 5_000, WITHIN).await?;
+    sum::produce(kafka, &a.input, second).await?;
+    let running_c = c.spawn();
+    sum::wait_for_outputs(kafka, &a.output, 15_000, WITHIN).await?;
+    running_b.kill();
+    sum::produce(kafka, &a.input, third).await?;
+    let outputs = sum::wait_for_outputs(kafka, &a.output, inputs.len(), WITHIN).await;
+    running_a.stop(WITHIN);
+    running_c.stop(WITHIN);
+    sum::assert_exactly_once(&inputs, &outputs?);
+    Ok(())
+}
+
+/// 7 (across processes). A wiped state directory between runs: state and dedup come back
+///    from the changelog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_state_dir_between_runs_is_rebuilt() -> TestResult {
+    let kafka = testkit::kafka().await;
+    let state = tempfile::tempdir()?;
+    let base = instance(kafka, "wipe", 2, &state).await?;
+    let first = sum::amounts(0, 1_000, 10);
+    sum::produce(kafka, &base.input, &first).await?;
+    let running = base.spawn();
+    sum::wait_for_outputs(kafka, &base.output, first.len(), WITHIN).await?;
+    running.stop(WITHIN);
+
+    wipe(&base.instance_dir());
+    let second = sum::amounts(1_000, 1_000, 10);
+    sum::produce(kafka, &base.input, &first[..100]).await?; // duplicates
+    sum::produce(kafka, &base.input, &second).await?;
+    let running = base.spawn();
+    let all: Vec<Amount> = first.iter().chain(&second).cloned().collect();
+    let outputs = sum::wait_for_outputs(kafka, &base.output, all.len(), WITHIN).await?;
+    let counters = running.stop(WITHIN);
+    sum::assert_exactly_once(&all, &outputs);
+    assert_eq!(counters["duplicates_skipped"], 100, "{counters}");
+    Ok(())
+}
