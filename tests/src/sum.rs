@@ -199,3 +199,33 @@ pub fn final_sums(inputs: &[Amount]) -> BTreeMap<String, i64> {
     }
     sums
 }
+
+/// Waits until `group` has committed offsets at the end of every partition of `input`
+/// (the input is not transactional, so its end is its last offset plus one).
+pub async fn wait_for_caught_up(
+    kafka: &Kafka,
+    group: &str,
+    input: &str,
+    within: Duration,
+) -> Result<()> {
+    let records = kafka.read_to_end(input, Isolation::ReadUncommitted).await?;
+    let mut ends: BTreeMap<i32, Option<i64>> = BTreeMap::new();
+    for record in &records {
+        ends.insert(record.partition, Some(record.offset + 1));
+    }
+    let deadline = Instant::now() + within;
+    loop {
+        let committed = kafka.committed_offsets(group, input).await?;
+        if ends
+            .iter()
+            .all(|(partition, end)| committed.get(partition) == Some(end))
+        {
+            return Ok(());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "committed offsets {committed:?}, input ends {ends:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -70,29 +70,7 @@ impl Setup {
 
     /// Waits until the group's committed offsets reach the end of the input.
     async fn wait_for_caught_up(&self) -> Result<(), Box<dyn std::error::Error>> {
-        let records = self
-            .kafka
-            .read_to_end(&self.input, Isolation::ReadUncommitted)
-            .await?;
-        let mut ends: BTreeMap<i32, Option<i64>> = BTreeMap::new();
-        for record in &records {
-            ends.insert(record.partition, Some(record.offset + 1));
-        }
-        let deadline = std::time::Instant::now() + WITHIN;
-        loop {
-            let committed = self
-                .kafka
-                .committed_offsets(&self.group, &self.input)
-                .await?;
-            if ends.iter().all(|(p, end)| committed.get(p) == Some(end)) {
-                return Ok(());
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "offsets {committed:?}, input ends {ends:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        Ok(sum::wait_for_caught_up(self.kafka, &self.group, &self.input, WITHIN).await?)
     }
 }
 
@@ -241,5 +219,100 @@ async fn weaker_modes_process_everything_once_when_nothing_fails() -> TestResult
         let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
         sum::assert_exactly_once(&inputs, &outputs);
     }
+    Ok(())
+}
+
+/// The changelog must be co-partitioned with the input: a changelog topic that exists
+/// with another partition count is refused at start, naming the topic and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_with_the_wrong_partition_count_is_refused() -> TestResult {
+    let s = setup("eo-bad-changelog", 3).await?;
+    s.kafka
+        .create_topic(&format!("{}-txlog", s.group), 2)
+        .await?;
+    let error = Engine::new(s.config("a"))?
+        .run(Sum::new(&s.output))
+        .await
+        .expect_err("must refuse");
+    let text = error.to_string();
+    assert!(matches!(error, Error::Config { .. }), "{text}");
+    assert!(
+        text.contains(&format!("{}-txlog", s.group)) && text.contains("3 partitions"),
+        "{text}"
+    );
+    assert!(text.contains("it has 2"), "{text}");
+    Ok(())
+}
+
+/// An output topic that does not exist is a configuration error found at start, before
+/// any input is consumed (records to it would otherwise be lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_output_topic_is_refused_before_anything_is_consumed() -> TestResult {
+    let s = setup("eo-no-output", 1).await?;
+    sum::produce(s.kafka, &s.input, &sum::amounts(0, 10, 2)).await?;
+    let missing = testkit::unique_name("missing");
+    let config = s.config("a").output(&missing);
+    let error = Engine::new(config)?
+        .run(Sum::new(&s.output))
+        .await
+        .expect_err("must refuse");
+    assert!(error.to_string().contains(&missing), "{error}");
+    let committed = s.kafka.committed_offsets(&s.group, &s.input).await?;
+    assert_eq!(
+        committed,
+        BTreeMap::from([(0, None)]),
+        "consumed before refusing"
+    );
+    Ok(())
+}
+
+/// Dedup entries expire by count (the oldest beyond the limit, with a changelog tombstone
+/// each) and by age (an event re-sent after the window is processed again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_entries_expire_by_count_and_by_age() -> TestResult {
+    let s = setup("eo-expiry", 1).await?;
+    let inputs = sum::amounts(0, 1_000, 5);
+    sum::produce(s.kafka, &s.input, &inputs).await?;
+    let limited = s.config("a").dedup(Duration::from_secs(3600), Some(50));
+    let engine = Engine::new(limited)?;
+    let shutdown = engine.shutdown_handle();
+    let stats = engine.stats();
+    let running = tokio::spawn(engine.run(Sum::new(&s.output)));
+    sum::wait_for_outputs(s.kafka, &s.output, 1_000, WITHIN).await?;
+    // One more record in a batch of its own: the batch before it is expired down to 50.
+    let last = sum::amounts(1_000, 1, 5);
+    sum::produce(s.kafka, &s.input, &last).await?;
+    sum::wait_for_outputs(s.kafka, &s.output, 1_001, WITHIN).await?;
+    s.wait_for_caught_up().await?;
+    shutdown.trigger();
+    running.await??;
+    assert_eq!(stats.snapshot().expired_entries, 1_001 - 51);
+    // The changelog carries a tombstone for each expired entry.
+    let changelog = s
+        .kafka
+        .read_to_end(&format!("{}-txlog", s.group), Isolation::ReadCommitted)
+        .await?;
+    let tombstones = changelog
+        .iter()
+        .filter(|r| r.value.is_none() && r.key_str().starts_with("e:"))
+        .count();
+    assert_eq!(tombstones, 950);
+
+    // By age: with a one-second window, the same event a few seconds later is new again.
+    let t = setup("eo-window", 1).await?;
+    let once = sum::amounts(0, 1, 1);
+    sum::produce(t.kafka, &t.input, &once).await?;
+    let windowed = |t: &Setup| t.config("a").dedup(Duration::from_secs(1), None);
+    t.run_until(windowed(&t), 1).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A first batch expires the old entry; the re-sent event then comes in a later batch.
+    sum::produce(t.kafka, &t.input, &sum::amounts(1, 1, 1)).await?;
+    t.run_until(windowed(&t), 2).await?;
+    sum::produce(t.kafka, &t.input, &once).await?;
+    let again = t.run_until(windowed(&t), 3).await?;
+    assert_eq!(
+        again.duplicates_skipped, 0,
+        "an expired entry still deduplicated"
+    );
     Ok(())
 }
