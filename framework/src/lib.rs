@@ -36,3 +36,8 @@ pub use engine::{Engine, Shutdown, Stats, StatsSnapshot};
 pub use error::{Error, ErrorClass, Result};
 pub use event::{Codec, Event, Json};
 pub use processor::{Context, Processor, RecordMeta, State};
+
+/// The README's code compiles (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

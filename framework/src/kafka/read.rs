@@ -31,6 +31,8 @@ pub(crate) async fn read_to_end(
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("enable.partition.eof", "true"),
+            // Reaching the end is the goal: do not let the broker hold an empty fetch.
+            ("fetch.wait.max.ms", "10"),
             ("isolation.level", isolation.as_config()),
         ])
         .create()

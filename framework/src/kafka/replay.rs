@@ -31,6 +31,8 @@ pub(crate) fn read_partition(
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("enable.partition.eof", "true"),
+            // Reaching the end is the goal: do not let the broker hold an empty fetch.
+            ("fetch.wait.max.ms", "10"),
             ("isolation.level", "read_committed"),
             ("auto.offset.reset", "earliest"),
         ])
