@@ -199,8 +199,8 @@ async fn instances_joining_and_dying_move_state_through_the_changelog() -> TestR
     Ok(())
 }
 
-/// 7 (across processes). A wiped state directory between runs: state and dedup come back
-///    from the changelog.
+/// 7 (across processes). A wiped state directory between runs, and then a corrupt
+///    transaction log file: state and dedup come back from the changelog.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_state_dir_between_runs_is_rebuilt() -> TestResult {
     let kafka = testkit::kafka().await;
@@ -217,11 +217,34 @@ async fn a_wiped_state_dir_between_runs_is_rebuilt() -> TestResult {
     sum::produce(kafka, &base.input, &first[..100]).await?; // duplicates
     sum::produce(kafka, &base.input, &second).await?;
     let running = base.spawn();
-    let all: Vec<Amount> = first.iter().chain(&second).cloned().collect();
-    let outputs = sum::wait_for_outputs(kafka, &base.output, all.len(), WITHIN).await?;
+    sum::wait_for_caught_up(kafka, &base.group, &base.input, WITHIN).await?;
     let counters = running.stop(WITHIN);
-    sum::assert_exactly_once(&all, &outputs);
     assert_eq!(counters["duplicates_skipped"], 100, "{counters}");
+
+    // A corrupt file (here: overwritten with garbage) is detected, set aside and rebuilt.
+    let file = base.instance_dir().join("txlog.redb");
+    let size = std::fs::metadata(&file)?.len() as usize;
+    std::fs::write(&file, vec![0xA5u8; size])?;
+    let third = sum::amounts(2_000, 1_000, 10);
+    sum::produce(kafka, &base.input, &second[..50]).await?; // duplicates
+    sum::produce(kafka, &base.input, &third).await?;
+    let running = base.spawn();
+    sum::wait_for_caught_up(kafka, &base.group, &base.input, WITHIN).await?;
+    let counters = running.stop(WITHIN);
+    assert_eq!(counters["duplicates_skipped"], 50, "{counters}");
+    let set_aside = std::fs::read_dir(base.instance_dir())?
+        .filter_map(|entry| entry.ok())
+        .any(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("txlog.redb.corrupt-")
+        });
+    assert!(set_aside, "the corrupt file was not kept aside");
+
+    let all: Vec<Amount> = first.iter().chain(&second).chain(&third).cloned().collect();
+    let outputs = sum::committed_outputs(kafka, &base.output).await?;
+    sum::assert_exactly_once(&all, &outputs);
     Ok(())
 }
 
