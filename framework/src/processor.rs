@@ -51,6 +51,18 @@ pub trait Processor: Send + 'static {
     /// The processor's name, for logs and metrics.
     fn name(&self) -> &str;
 
+    /// The topic it consumes, when the processor declares one (`#[derive(Processor)]`
+    /// does). The engine refuses to start on a configuration naming another.
+    fn input_topic(&self) -> Option<&str> {
+        None
+    }
+
+    /// Topics it emits to, when the processor declares them (`#[derive(Processor)]` does);
+    /// they are added to the configuration's outputs, and each must exist at start.
+    fn output_topics(&self) -> &[&str] {
+        &[]
+    }
+
     /// Handles one event. An error stops the instance unless it is transient
     /// ([`Error::transient`]), in which case the event is tried again.
     async fn process(&mut self, input: Self::Input, ctx: &mut Context<'_>) -> Result<()>;

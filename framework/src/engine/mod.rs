@@ -88,7 +88,24 @@ impl Engine {
     /// Consumes, processes and commits until shut down (then returns the counters) or
     /// until a fatal error (fenced, bad configuration, a permanent processing error).
     pub async fn run<P: Processor>(self, mut processor: P) -> Result<StatsSnapshot> {
-        let config = self.config;
+        let mut config = self.config;
+        if let Some(declared) = processor.input_topic()
+            && declared != config.input_topic
+        {
+            return Err(Error::Config {
+                key: "input".into(),
+                value: config.input_topic.clone(),
+                accepted: format!(
+                    "`{declared}`, the topic processor `{}` declares (or remove the declaration)",
+                    processor.name()
+                ),
+            });
+        }
+        for topic in processor.output_topics() {
+            if !config.output_topics.iter().any(|t| t == topic) {
+                config.output_topics.push((*topic).to_owned());
+            }
+        }
         let options = ClientOptions {
             bootstrap_servers: config.bootstrap_servers.clone(),
             properties: config.kafka_properties.clone(),

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+#[cfg(feature = "testkit")]
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use super::{ClientOptions, blocking, kafka_error};
@@ -105,6 +106,7 @@ async fn wait_for_leaders(
     .await
 }
 
+#[cfg(feature = "testkit")]
 /// Proves the broker answers: metadata lists at least one broker, and a record written
 /// to `topic` (auto-created or existing) is acknowledged by all in-sync replicas.
 pub(crate) async fn probe(options: &ClientOptions, topic: &str, timeout: Duration) -> Result<()> {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use super::{ClientOptions, Isolation, Record, blocking, kafka_error, read::to_record};
+use super::{ClientOptions, Isolation, Record, blocking, kafka_error, types::to_record};
 use crate::Result;
 
 /// A change of assignment, as seen between two batches.

@@ -9,19 +9,28 @@ mod blocking;
 mod consumer;
 mod error;
 mod producer;
+#[cfg(feature = "testkit")]
 mod read;
 mod replay;
 mod types;
+#[cfg(feature = "testkit")]
 mod write;
 
-pub(crate) use admin::{create_topic, partition_count, probe};
+#[cfg(feature = "testkit")]
+pub(crate) use admin::probe;
+pub(crate) use admin::{create_topic, partition_count};
 pub(crate) use blocking::blocking;
 pub(crate) use consumer::{InputConsumer, Rebalanced};
 pub(crate) use error::kafka_error;
 pub(crate) use producer::{OutputProducer, Pending};
+#[cfg(feature = "testkit")]
 pub(crate) use read::{committed_offsets, read_to_end};
 pub(crate) use replay::read_partition;
+#[cfg(feature = "testkit")]
 pub use types::{Isolation, OutgoingRecord, Record};
+#[cfg(not(feature = "testkit"))]
+pub(crate) use types::{Isolation, Record};
+#[cfg(feature = "testkit")]
 pub(crate) use write::produce;
 
 use rdkafka::ClientConfig;
@@ -34,6 +43,7 @@ pub(crate) struct ClientOptions {
 }
 
 impl ClientOptions {
+    #[cfg(feature = "testkit")]
     pub(crate) fn new(bootstrap_servers: impl Into<String>) -> Self {
         ClientOptions {
             bootstrap_servers: bootstrap_servers.into(),

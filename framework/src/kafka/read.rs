@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::types::to_record;
 use super::{ClientOptions, Isolation, Record, blocking, kafka_error};
 use crate::{Error, Result};
 
@@ -128,25 +128,4 @@ fn partitions_of(consumer: &BaseConsumer, topic: &str, timeout: Duration) -> Res
         .filter(|t| t.error().is_none() && !t.partitions().is_empty())
         .ok_or_else(|| Error::Broker(format!("topic `{topic}` does not exist")))?;
     Ok(found.partitions().iter().map(|p| p.id()).collect())
-}
-
-pub(super) fn to_record(message: &impl Message) -> Record {
-    let headers = message
-        .headers()
-        .map(|headers| {
-            headers
-                .iter()
-                .map(|header| (header.key.to_owned(), header.value.map(<[u8]>::to_vec)))
-                .collect()
-        })
-        .unwrap_or_default();
-    Record {
-        topic: message.topic().to_owned(),
-        partition: message.partition(),
-        offset: message.offset(),
-        key: message.key().map(<[u8]>::to_vec),
-        value: message.payload().map(<[u8]>::to_vec),
-        headers,
-        timestamp_ms: message.timestamp().to_millis(),
-    }
 }

@@ -6,7 +6,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{ClientOptions, Record, kafka_error, read::to_record};
+use super::{ClientOptions, Record, kafka_error, types::to_record};
 use crate::{Error, Result};
 
 /// Reads `topic` [`partition`] under `read_committed` from `from` (the beginning when

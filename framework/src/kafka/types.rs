@@ -1,4 +1,7 @@
-//! Plain record types that cross the `kafka` boundary.
+//! Plain record types that cross the `kafka` boundary (public through the testkit).
+#![cfg_attr(not(feature = "testkit"), allow(unreachable_pub))]
+
+use rdkafka::message::{Headers, Message};
 
 /// Which records a reader sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -7,6 +10,7 @@ pub enum Isolation {
     /// stable offset: what every consumer of onceflow's output should use.
     ReadCommitted,
     /// Every record written, including those of open and aborted transactions.
+    #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
     ReadUncommitted,
 }
 
@@ -40,11 +44,13 @@ pub struct Record {
 
 impl Record {
     /// The key as UTF-8 text (lossy), or `""` when there is none.
+    #[cfg(feature = "testkit")]
     pub fn key_str(&self) -> String {
         String::from_utf8_lossy(self.key.as_deref().unwrap_or_default()).into_owned()
     }
 
     /// The value as UTF-8 text (lossy), or `""` when there is none.
+    #[cfg(feature = "testkit")]
     pub fn value_str(&self) -> String {
         String::from_utf8_lossy(self.value.as_deref().unwrap_or_default()).into_owned()
     }
@@ -59,6 +65,7 @@ impl Record {
 }
 
 /// A record to write.
+#[cfg(feature = "testkit")]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutgoingRecord {
     /// Key bytes; records with the same key land on the same partition.
@@ -71,6 +78,7 @@ pub struct OutgoingRecord {
     pub partition: Option<i32>,
 }
 
+#[cfg(feature = "testkit")]
 impl OutgoingRecord {
     /// A record with a key and a value.
     pub fn keyed(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
@@ -91,5 +99,27 @@ impl OutgoingRecord {
     pub fn to_partition(mut self, partition: i32) -> Self {
         self.partition = Some(partition);
         self
+    }
+}
+
+/// Copies a consumed message into a [`Record`].
+pub(super) fn to_record(message: &impl Message) -> Record {
+    let headers = message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|header| (header.key.to_owned(), header.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        topic: message.topic().to_owned(),
+        partition: message.partition(),
+        offset: message.offset(),
+        key: message.key().map(<[u8]>::to_vec),
+        value: message.payload().map(<[u8]>::to_vec),
+        headers,
+        timestamp_ms: message.timestamp().to_millis(),
     }
 }
