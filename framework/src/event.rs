@@ -27,6 +27,64 @@ pub trait Event {
     }
 }
 
+/// A field type that can serve as an event ID (`#[event(id)]` of `#[derive(Event)]`):
+/// strings, integers, `uuid::Uuid` (feature `uuid`), and `Option`s of them (`None`: the
+/// event has no ID and is deduplicated by offset only). Implement it for your own ID type
+/// to use that; the ID is compared as the returned string.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be an event ID",
+    label = "this field is marked `#[event(id)]`",
+    note = "use a String, an integer, a uuid::Uuid (feature `uuid`), an Option of one, or implement `onceflow::EventId`"
+)]
+pub trait EventId {
+    /// The ID as text, or `None` when there is none.
+    fn to_event_id(&self) -> Option<String>;
+}
+
+impl EventId for String {
+    fn to_event_id(&self) -> Option<String> {
+        Some(self.clone())
+    }
+}
+
+impl EventId for str {
+    fn to_event_id(&self) -> Option<String> {
+        Some(self.to_owned())
+    }
+}
+
+impl<T: EventId + ?Sized> EventId for &T {
+    fn to_event_id(&self) -> Option<String> {
+        (**self).to_event_id()
+    }
+}
+
+impl<T: EventId> EventId for Option<T> {
+    fn to_event_id(&self) -> Option<String> {
+        self.as_ref().and_then(EventId::to_event_id)
+    }
+}
+
+macro_rules! integer_event_ids {
+    ($($t:ty),*) => {$(
+        impl EventId for $t {
+            fn to_event_id(&self) -> Option<String> {
+                Some(self.to_string())
+            }
+        }
+    )*};
+}
+integer_event_ids!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
+
+#[cfg(feature = "uuid")]
+impl EventId for uuid::Uuid {
+    fn to_event_id(&self) -> Option<String> {
+        Some(self.hyphenated().to_string())
+    }
+}
+
 /// Turns values into bytes and back. [`Json`] is the default.
 pub trait Codec: Send + Sync + 'static {
     /// Decodes `bytes` into a `T`, or says why not.
@@ -57,6 +115,15 @@ mod tests {
     struct Order {
         id: String,
         amount: i64,
+    }
+
+    #[test]
+    fn event_ids_come_from_strings_integers_and_options() {
+        assert_eq!("o-1".to_owned().to_event_id(), Some("o-1".to_owned()));
+        assert_eq!(42u64.to_event_id(), Some("42".to_owned()));
+        assert_eq!((-7i32).to_event_id(), Some("-7".to_owned()));
+        assert_eq!(Some(5u8).to_event_id(), Some("5".to_owned()));
+        assert_eq!(None::<String>.to_event_id(), None);
     }
 
     #[test]

@@ -34,8 +34,21 @@ pub use async_trait::async_trait;
 pub use config::{DeliveryMode, EngineConfig};
 pub use engine::{Engine, Shutdown, Stats, StatsSnapshot};
 pub use error::{Error, ErrorClass, Result};
-pub use event::{Codec, Event, Json};
+pub use event::{Codec, Event, EventId, Json};
+#[cfg(feature = "derive")]
+pub use onceflow_macros::{Event, Processor};
 pub use processor::{Context, Processor, RecordMeta, State};
+
+/// What the derive macros expand to. Not public API: it may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::event::{Event, EventId};
+    pub use crate::processor::{Context, Processor};
+    pub use crate::{Error, Result};
+    pub use async_trait::async_trait;
+    pub use std::option::Option;
+    pub use std::string::{String, ToString};
+}
 
 /// The README's code compiles (`cargo test --doc`).
 #[cfg(doctest)]

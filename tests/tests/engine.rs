@@ -316,3 +316,50 @@ async fn dedup_entries_expire_by_count_and_by_age() -> TestResult {
     );
     Ok(())
 }
+
+/// A processor that declares its input refuses a configuration naming another topic, and
+/// its declared outputs are checked at start like configured ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_topics_are_checked_against_the_configuration() -> TestResult {
+    struct Declares(Sum, &'static str, [&'static str; 1]);
+
+    #[onceflow::async_trait]
+    impl onceflow::Processor for Declares {
+        type Input = Amount;
+        fn name(&self) -> &str {
+            "declares"
+        }
+        fn input_topic(&self) -> Option<&str> {
+            Some(self.1)
+        }
+        fn output_topics(&self) -> &[&str] {
+            &self.2
+        }
+        async fn process(
+            &mut self,
+            input: Amount,
+            ctx: &mut onceflow::Context<'_>,
+        ) -> onceflow::Result<()> {
+            self.0.process(input, ctx).await
+        }
+    }
+
+    let s = setup("eo-declared", 1).await?;
+    let wrong_input = Declares(Sum::new(&s.output), "another-topic", ["unused"]);
+    let error = Engine::new(s.config("a"))?
+        .run(wrong_input)
+        .await
+        .expect_err("wrong input");
+    assert!(error.to_string().contains("another-topic"), "{error}");
+
+    let missing = testkit::unique_name("declared-missing");
+    let leaked: &'static str = Box::leak(missing.clone().into_boxed_str());
+    let input: &'static str = Box::leak(s.input.clone().into_boxed_str());
+    let missing_output = Declares(Sum::new(&s.output), input, [leaked]);
+    let error = Engine::new(s.config("a"))?
+        .run(missing_output)
+        .await
+        .expect_err("missing output");
+    assert!(error.to_string().contains(&missing), "{error}");
+    Ok(())
+}
