@@ -37,6 +37,37 @@ impl std::str::FromStr for DeliveryMode {
     }
 }
 
+/// What happens to an input record the processor cannot handle (it does not decode, the
+/// processor fails permanently or panics, or a transient failure outlasts its retries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorPolicy {
+    /// Write it to the dead-letter topic, byte for byte with the reason in headers, in the
+    /// same transaction as its offset; go on.
+    #[default]
+    DeadLetter,
+    /// Count it, log it, and go on.
+    Skip,
+    /// Stop the instance without committing the batch.
+    Stop,
+}
+
+impl std::str::FromStr for ErrorPolicy {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text {
+            "dead-letter" => Ok(ErrorPolicy::DeadLetter),
+            "skip" => Ok(ErrorPolicy::Skip),
+            "stop" => Ok(ErrorPolicy::Stop),
+            other => Err(Error::Config {
+                key: "on_error".into(),
+                value: other.into(),
+                accepted: "dead-letter, skip or stop".into(),
+            }),
+        }
+    }
+}
+
 /// Everything the engine needs to run one instance of an operator.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -73,6 +104,14 @@ pub struct EngineConfig {
     pub transaction_timeout: Duration,
     /// Any other librdkafka property, passed to every client unchanged.
     pub kafka_properties: Vec<(String, String)>,
+    /// What to do with a record that cannot be processed (default: dead-letter it).
+    pub on_error: ErrorPolicy,
+    /// The dead-letter topic; default `<group>-dlq`.
+    pub dead_letter_topic: Option<String>,
+    /// Attempts at a record that fails transiently (default 5)…
+    pub max_attempts: u32,
+    /// …within at most this long (default 10 s); then it is handled per `on_error`.
+    pub max_retry_time: Duration,
 }
 
 impl EngineConfig {
@@ -100,6 +139,10 @@ impl EngineConfig {
             event_id_header: "onceflow-event-id".into(),
             transaction_timeout: Duration::from_secs(60),
             kafka_properties: Vec::new(),
+            on_error: ErrorPolicy::DeadLetter,
+            dead_letter_topic: None,
+            max_attempts: 5,
+            max_retry_time: Duration::from_secs(10),
         }
     }
 
@@ -133,6 +176,26 @@ impl EngineConfig {
     pub fn kafka(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.kafka_properties.push((key.into(), value.into()));
         self
+    }
+
+    /// Sets the policy for records that cannot be processed.
+    pub fn on_error(mut self, policy: ErrorPolicy) -> Self {
+        self.on_error = policy;
+        self
+    }
+
+    /// Sets the retry budget of a record that fails transiently.
+    pub fn retries(mut self, max_attempts: u32, max_retry_time: Duration) -> Self {
+        self.max_attempts = max_attempts;
+        self.max_retry_time = max_retry_time;
+        self
+    }
+
+    /// The dead-letter topic name.
+    pub fn dead_letter_topic(&self) -> String {
+        self.dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}-dlq", self.group))
     }
 
     /// The changelog topic name.
@@ -194,6 +257,17 @@ impl EngineConfig {
                 "max_batch_records",
                 "0".into(),
                 "a whole number of at least 1",
+            );
+        }
+        if self.max_attempts == 0 {
+            bad("max_attempts", "0".into(), "a whole number of at least 1");
+        }
+        // A retry wait happens inside the open transaction: keep it well inside its bound.
+        if self.max_retry_time >= self.transaction_timeout / 2 {
+            bad(
+                "max_retry_time",
+                format!("{:?}", self.max_retry_time),
+                "less than half the transaction timeout (retries wait inside the open transaction)",
             );
         }
         if self.dedup_window.is_zero() {

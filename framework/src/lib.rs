@@ -31,7 +31,7 @@ mod txlog;
 pub mod testkit;
 
 pub use async_trait::async_trait;
-pub use config::{DeliveryMode, EngineConfig};
+pub use config::{DeliveryMode, EngineConfig, ErrorPolicy};
 pub use engine::{Engine, Shutdown, Stats, StatsSnapshot};
 pub use error::{Error, ErrorClass, Result};
 pub use event::{Codec, Event, EventId, Json};

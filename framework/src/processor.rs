@@ -63,8 +63,12 @@ pub trait Processor: Send + 'static {
         &[]
     }
 
-    /// Handles one event. An error stops the instance unless it is transient
-    /// ([`Error::transient`]), in which case the event is tried again.
+    /// Handles one event. A transient error ([`Error::transient`]) is tried again with
+    /// backoff; a permanent one ([`Error::processing`]), a panic, or a transient one that
+    /// outlasts its retries is handled per `EngineConfig::on_error`: dead-lettered (the
+    /// default), skipped, or the instance stops. Nothing a failed attempt did through the
+    /// context is kept. After a panic the same processor value goes on with the next
+    /// event, so keep what must survive in [`Context::state`], not in `self`.
     async fn process(&mut self, input: Self::Input, ctx: &mut Context<'_>) -> Result<()>;
 }
 

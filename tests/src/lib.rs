@@ -82,4 +82,5 @@ pub fn set_of<'a>(lists: impl IntoIterator<Item = &'a [String]>) -> BTreeSet<Str
 }
 
 pub mod child;
+pub mod poison;
 pub mod sum;

@@ -4,7 +4,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::config::{DeliveryMode, EngineConfig};
+use std::panic::AssertUnwindSafe;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::FutureExt;
+
+use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
 use crate::engine::crash_point;
 use crate::engine::stats::Stats;
 use crate::event::{Codec, Event, Json};
@@ -13,8 +18,16 @@ use crate::processor::{Context, Output, Processor, RecordMeta};
 use crate::txlog::{Change, Overlay, TxLog};
 use crate::{Error, Result};
 
-/// Attempts at a record whose processing fails transiently, before the batch fails.
-const TRANSIENT_ATTEMPTS: u32 = 5;
+/// Headers a dead-lettered record carries besides its own.
+pub(crate) const DLQ_ERROR_CLASS: &str = "onceflow-error-class";
+pub(crate) const DLQ_ERROR_MESSAGE: &str = "onceflow-error-message";
+pub(crate) const DLQ_SOURCE_TOPIC: &str = "onceflow-source-topic";
+pub(crate) const DLQ_SOURCE_PARTITION: &str = "onceflow-source-partition";
+pub(crate) const DLQ_SOURCE_OFFSET: &str = "onceflow-source-offset";
+pub(crate) const DLQ_SOURCE_TIMESTAMP: &str = "onceflow-source-timestamp";
+pub(crate) const DLQ_PROCESSOR: &str = "onceflow-processor";
+pub(crate) const DLQ_ATTEMPTS: &str = "onceflow-attempts";
+pub(crate) const DLQ_AT: &str = "onceflow-dead-lettered-at";
 /// Dedup entries expired per partition per batch, at most: expiry keeps pace with load
 /// without making any one batch large.
 const EXPIRE_PER_BATCH: usize = 1_000;
@@ -49,8 +62,31 @@ impl Batch<'_> {
         let mut overlay = Overlay::new();
         let mut pending_outputs = Vec::new();
         let mut duplicates = 0u64;
+        let mut failed = Failures::default();
         for record in &records {
-            let event_id = self.event_id::<P>(record)?;
+            // A record that does not decode has no event ID to deduplicate by.
+            let input: P::Input = match decode(record) {
+                Ok(input) => input,
+                Err(error) => {
+                    self.fail(
+                        record,
+                        None,
+                        "decode",
+                        error,
+                        1,
+                        &mut failed,
+                        &mut overlay,
+                        now_ms,
+                    )
+                    .await?;
+                    continue;
+                }
+            };
+            let event_id = input.event_id().or_else(|| {
+                record
+                    .header(&self.config.event_id_header)
+                    .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+            });
             if let Some(id) = &event_id
                 && (overlay.is_processed(record.partition, id)
                     || self.txlog.is_processed(record.partition, id)?)
@@ -72,7 +108,33 @@ impl Batch<'_> {
                 headers: record.headers.clone(),
                 event_id: event_id.clone(),
             };
-            let (outputs, writes) = self.process_one(processor, record, &meta, &overlay).await?;
+            let (outputs, writes) = match self
+                .process_one(processor, input, record, &meta, &overlay)
+                .await
+            {
+                Processed::Done(outputs, writes) => (outputs, writes),
+                Processed::Failed {
+                    class,
+                    error,
+                    attempts,
+                } => {
+                    if error.is_fatal() {
+                        return Err(error);
+                    }
+                    self.fail(
+                        record,
+                        event_id,
+                        class,
+                        error,
+                        attempts,
+                        &mut failed,
+                        &mut overlay,
+                        now_ms,
+                    )
+                    .await?;
+                    continue;
+                }
+            };
             crash_point!("onceflow-after-process");
             merge(&mut overlay, writes);
             for output in outputs {
@@ -92,6 +154,8 @@ impl Batch<'_> {
                 overlay.mark_processed(record.partition, id, record.offset, now_ms);
             }
         }
+        let outputs = pending_outputs.len() as u64;
+        pending_outputs.append(&mut failed.pending);
         self.expire(&mut overlay, &next_offsets, now_ms)?;
 
         let changes = if overlay.is_empty() {
@@ -139,8 +203,6 @@ impl Batch<'_> {
 
         // Committed: the outputs and changelog records are acknowledged; learn where the
         // changelog records landed, so replay knows where to start next time.
-        let outputs = pending_outputs.len() as u64;
-        drop(pending_outputs);
         let mut checkpoints: BTreeMap<i32, i64> = BTreeMap::new();
         for (partition, pending) in pending_changelog {
             let (_, offset) = pending.landed().await?;
@@ -169,6 +231,8 @@ impl Batch<'_> {
         Stats::add(&self.stats.outputs, outputs);
         Stats::add(&self.stats.duplicates_skipped, duplicates);
         Stats::add(&self.stats.expired_entries, expired);
+        Stats::add(&self.stats.dead_lettered, failed.dead_lettered);
+        Stats::add(&self.stats.skipped, failed.skipped);
         Stats::add(&self.stats.commits, 1);
         tracing::debug!(
             records = records.len(),
@@ -179,29 +243,41 @@ impl Batch<'_> {
         Ok(())
     }
 
-    /// The event ID of a record: the decoded event's own, else the configured header's.
-    fn event_id<P: Processor>(&self, record: &kafka::Record) -> Result<Option<String>> {
-        let event: P::Input = decode(record)?;
-        if let Some(id) = event.event_id() {
-            return Ok(Some(id));
-        }
-        Ok(record
-            .header(&self.config.event_id_header)
-            .map(|bytes| String::from_utf8_lossy(bytes).into_owned()))
-    }
-
-    /// Runs the processor on one record; a transient failure is tried again (with a fresh
-    /// decode and empty writes) a few times before it fails the batch.
+    /// Runs the processor on one record. A transient failure is tried again, with
+    /// exponential backoff and jitter, a fresh decode and nothing of the failed attempt
+    /// kept, within `max_attempts` and `max_retry_time`. A panic is a permanent failure.
     async fn process_one<P: Processor>(
         &self,
         processor: &mut P,
+        input: P::Input,
         record: &kafka::Record,
         meta: &RecordMeta,
         batch: &Overlay,
-    ) -> Result<(Vec<Output>, Overlay)> {
+    ) -> Processed {
+        let config = self.config;
+        let started = std::time::Instant::now();
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(20))
+            .with_max_delay(Duration::from_secs(2))
+            .with_jitter()
+            .with_max_times(config.max_attempts.saturating_sub(1) as usize)
+            .build();
+        let mut input = Some(input);
         let mut attempt = 1;
         loop {
-            let input: P::Input = decode(record)?;
+            let this_input = match input.take() {
+                Some(input) => input,
+                None => match decode(record) {
+                    Ok(input) => input,
+                    Err(error) => {
+                        return Processed::Failed {
+                            class: "decode",
+                            error,
+                            attempts: attempt,
+                        };
+                    }
+                },
+            };
             let mut outputs = Vec::new();
             let mut writes = Overlay::new();
             let mut ctx = Context {
@@ -212,16 +288,114 @@ impl Batch<'_> {
                 outputs: &mut outputs,
                 declared_outputs: self.declared,
             };
-            match processor.process(input, &mut ctx).await {
-                Ok(()) => return Ok((outputs, writes)),
-                Err(error) if error.is_retriable() && attempt < TRANSIENT_ATTEMPTS => {
-                    tracing::warn!(%error, attempt, partition = meta.partition, offset = meta.offset, "transient failure; trying again");
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            let call = AssertUnwindSafe(processor.process(this_input, &mut ctx))
+                .catch_unwind()
+                .await;
+            let error = match call {
+                Ok(Ok(())) => return Processed::Done(outputs, writes),
+                Ok(Err(error)) => error,
+                Err(panic) => {
+                    let message = panic_message(&*panic);
+                    return Processed::Failed {
+                        class: "panic",
+                        error: Error::processing(format!("the processor panicked: {message}")),
+                        attempts: attempt,
+                    };
+                }
+            };
+            if !error.is_retriable() {
+                return Processed::Failed {
+                    class: "permanent",
+                    error,
+                    attempts: attempt,
+                };
+            }
+            match delays.next() {
+                Some(delay) if started.elapsed() + delay <= config.max_retry_time => {
+                    tracing::warn!(%error, attempt, partition = meta.partition, offset = meta.offset, ?delay, "transient failure; trying again");
+                    tokio::time::sleep(delay).await;
                     attempt += 1;
                 }
-                Err(error) => return Err(error),
+                _ => {
+                    return Processed::Failed {
+                        class: "transient-exhausted",
+                        error,
+                        attempts: attempt,
+                    };
+                }
             }
         }
+    }
+
+    /// Handles a record that cannot be processed, per `on_error`.
+    #[allow(clippy::too_many_arguments)]
+    async fn fail(
+        &self,
+        record: &kafka::Record,
+        event_id: Option<String>,
+        class: &'static str,
+        error: Error,
+        attempts: u32,
+        failed: &mut Failures,
+        overlay: &mut Overlay,
+        now_ms: i64,
+    ) -> Result<()> {
+        let config = self.config;
+        match config.on_error {
+            ErrorPolicy::Stop => return Err(error),
+            ErrorPolicy::Skip => {
+                failed.skipped += 1;
+                tracing::warn!(%error, class, partition = record.partition, offset = record.offset, "record skipped");
+            }
+            ErrorPolicy::DeadLetter => {
+                let topic = config.dead_letter_topic();
+                let message = error.to_string();
+                let partition = record.partition.to_string();
+                let offset = record.offset.to_string();
+                let timestamp = record
+                    .timestamp_ms
+                    .map(|t| t.to_string())
+                    .unwrap_or_default();
+                let attempts_text = attempts.to_string();
+                let at = now_ms.to_string();
+                let mut headers: Vec<(&str, Option<&[u8]>)> = record
+                    .headers
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_deref()))
+                    .collect();
+                headers.extend([
+                    (DLQ_ERROR_CLASS, Some(class.as_bytes())),
+                    (DLQ_ERROR_MESSAGE, Some(message.as_bytes())),
+                    (DLQ_SOURCE_TOPIC, Some(record.topic.as_bytes())),
+                    (DLQ_SOURCE_PARTITION, Some(partition.as_bytes())),
+                    (DLQ_SOURCE_OFFSET, Some(offset.as_bytes())),
+                    (DLQ_SOURCE_TIMESTAMP, Some(timestamp.as_bytes())),
+                    (DLQ_PROCESSOR, Some(config.group.as_bytes())),
+                    (DLQ_ATTEMPTS, Some(attempts_text.as_bytes())),
+                    (DLQ_AT, Some(at.as_bytes())),
+                ]);
+                let pending = self
+                    .producer
+                    .send_with_headers(
+                        &topic,
+                        None,
+                        record.key.as_deref(),
+                        record.value.as_deref(),
+                        &headers,
+                    )
+                    .await?;
+                failed.pending.push(pending);
+                failed.dead_lettered += 1;
+                if failed.dead_lettered <= 10 || failed.dead_lettered.is_power_of_two() {
+                    tracing::warn!(%error, class, topic, partition = record.partition, offset = record.offset, dead_lettered = failed.dead_lettered, "record dead-lettered");
+                }
+            }
+        }
+        // Handled: a duplicate of it later is skipped like a duplicate of a processed one.
+        if let Some(id) = event_id {
+            overlay.mark_processed(record.partition, id, record.offset, now_ms);
+        }
+        Ok(())
     }
 
     /// Adds this batch's share of dedup expiries to the overlay.
@@ -242,6 +416,32 @@ impl Batch<'_> {
         }
         Ok(())
     }
+}
+
+/// What became of one record.
+enum Processed {
+    Done(Vec<Output>, Overlay),
+    Failed {
+        class: &'static str,
+        error: Error,
+        attempts: u32,
+    },
+}
+
+/// Records of this batch that could not be processed.
+#[derive(Default)]
+struct Failures {
+    pending: Vec<Pending>,
+    dead_lettered: u64,
+    skipped: u64,
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 fn decode<T: serde::de::DeserializeOwned>(record: &kafka::Record) -> Result<T> {

@@ -252,8 +252,8 @@ async fn new_producer(options: &ClientOptions, config: &EngineConfig) -> Result<
 }
 
 /// Errors after which the instance must not go on: fencing and configuration problems,
-/// and a processor's permanent failure (it would fail the same way on the same record
-/// forever; the dead-letter topic is what will let it go on).
+/// and a record failure under `on_error = stop` (it would fail the same way on the same
+/// record forever).
 fn stops_the_instance(error: &Error) -> bool {
     error.is_fatal()
         || matches!(

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, ErrorPolicy};
 use crate::engine::stats::Stats;
 use crate::kafka::{self, ClientOptions};
 use crate::txlog::{Change, TxLog};
@@ -54,23 +54,39 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
             });
         }
         None => {
-            tracing::info!(topic = %changelog, partitions, "creating the changelog topic");
-            let created = kafka::create_topic(
+            create(
                 options,
                 &changelog,
                 partitions,
                 &[("cleanup.policy", "compact")],
-                METADATA_TIMEOUT,
             )
-            .await;
-            match created {
-                // Another instance created it at the same moment.
-                Err(Error::Kafka { code, .. }) if code == "TopicAlreadyExists" => {}
-                other => other?,
-            }
+            .await?
+        }
+    }
+    if config.on_error == ErrorPolicy::DeadLetter {
+        let dead_letters = config.dead_letter_topic();
+        if kafka::partition_count(options, &dead_letters, METADATA_TIMEOUT)
+            .await?
+            .is_none()
+        {
+            create(options, &dead_letters, partitions, &[]).await?;
         }
     }
     Ok(partitions)
+}
+
+/// Creates a topic onceflow owns; another instance creating it at the same moment is fine.
+async fn create(
+    options: &ClientOptions,
+    topic: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+) -> Result<()> {
+    tracing::info!(topic, partitions, "creating topic");
+    match kafka::create_topic(options, topic, partitions, configs, METADATA_TIMEOUT).await {
+        Err(Error::Kafka { code, .. }) if code == "TopicAlreadyExists" => Ok(()),
+        other => other,
+    }
 }
 
 /// Brings `partition`'s dedup entries and state in redb up to date with the changelog,

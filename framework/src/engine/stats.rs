@@ -13,6 +13,8 @@ pub struct Stats {
     pub(crate) aborts: AtomicU64,
     pub(crate) replayed_records: AtomicU64,
     pub(crate) expired_entries: AtomicU64,
+    pub(crate) dead_lettered: AtomicU64,
+    pub(crate) skipped: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one moment.
@@ -33,6 +35,10 @@ pub struct StatsSnapshot {
     pub replayed_records: u64,
     /// Dedup entries expired.
     pub expired_entries: u64,
+    /// Inputs written to the dead-letter topic, in committed batches.
+    pub dead_lettered: u64,
+    /// Inputs that failed and were skipped (policy `skip`), in committed batches.
+    pub skipped: u64,
 }
 
 impl Stats {
@@ -47,6 +53,8 @@ impl Stats {
             aborts: get(&self.aborts),
             replayed_records: get(&self.replayed_records),
             expired_entries: get(&self.expired_entries),
+            dead_lettered: get(&self.dead_lettered),
+            skipped: get(&self.skipped),
         }
     }
 

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -132,8 +133,31 @@ impl OutputProducer {
         key: Option<&[u8]>,
         value: Option<&[u8]>,
     ) -> Result<Pending> {
+        self.send_with_headers(topic, partition, key, value, &[])
+            .await
+    }
+
+    /// Like [`OutputProducer::send`], with headers (a header may have no value).
+    pub(crate) async fn send_with_headers(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[(&str, Option<&[u8]>)],
+    ) -> Result<Pending> {
         loop {
             let mut record = FutureRecord::<[u8], [u8]>::to(topic);
+            if !headers.is_empty() {
+                let mut owned = OwnedHeaders::new_with_capacity(headers.len());
+                for (name, value) in headers {
+                    owned = owned.insert(Header {
+                        key: name,
+                        value: *value,
+                    });
+                }
+                record = record.headers(owned);
+            }
             if let Some(partition) = partition {
                 record = record.partition(partition);
             }

@@ -1,0 +1,333 @@
+//! Bad input never stops or loses anything: every input is processed, skipped as a
+//! duplicate, or dead-lettered exactly once with its reason (DESIGN.md §1, point 3).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use onceflow::testkit::{self, Isolation, Kafka, OutgoingRecord, Record};
+use onceflow::{Engine, EngineConfig, ErrorPolicy, StatsSnapshot};
+use onceflow_e2e::poison::{Behaviour, Order, Picky};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const WITHIN: Duration = Duration::from_secs(120);
+
+struct Setup {
+    kafka: &'static Kafka,
+    input: String,
+    output: String,
+    group: String,
+    state: tempfile::TempDir,
+}
+
+async fn setup(name: &str, partitions: i32) -> Result<Setup, Box<dyn std::error::Error>> {
+    let kafka = testkit::kafka().await;
+    let input = testkit::unique_name(&format!("{name}-in"));
+    let output = testkit::unique_name(&format!("{name}-out"));
+    kafka.create_topic(&input, partitions).await?;
+    kafka.create_topic(&output, partitions).await?;
+    Ok(Setup {
+        kafka,
+        input,
+        output,
+        group: testkit::unique_name(name),
+        state: tempfile::tempdir()?,
+    })
+}
+
+impl Setup {
+    fn config(&self) -> EngineConfig {
+        EngineConfig::new(
+            self.kafka.bootstrap_servers(),
+            &self.group,
+            "a",
+            &self.input,
+            self.state.path(),
+        )
+        .output(&self.output)
+        .kafka("session.timeout.ms", "6000")
+    }
+
+    fn dlq(&self) -> String {
+        format!("{}-dlq", self.group)
+    }
+
+    /// Runs until the group has committed the whole input, then stops.
+    async fn run(&self, config: EngineConfig) -> Result<StatsSnapshot, Box<dyn std::error::Error>> {
+        let engine = Engine::new(config)?;
+        let shutdown = engine.shutdown_handle();
+        let running = tokio::spawn(engine.run(Picky::new(&self.output)));
+        let caught_up =
+            onceflow_e2e::sum::wait_for_caught_up(self.kafka, &self.group, &self.input, WITHIN)
+                .await;
+        shutdown.trigger();
+        let stats = running.await??;
+        caught_up?;
+        Ok(stats)
+    }
+}
+
+fn order(i: usize, behaviour: Behaviour) -> Order {
+    Order {
+        id: format!("o-{i}"),
+        key: format!("k{}", i % 13),
+        behaviour,
+    }
+}
+
+fn json(order: &Order) -> Vec<u8> {
+    serde_json::to_vec(order).expect("json")
+}
+
+fn header(record: &Record, name: &str) -> String {
+    String::from_utf8_lossy(record.header(name).unwrap_or_default()).into_owned()
+}
+
+/// 1. A mixed stream of 10,000 records with about 1% poison of every class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_stream_dead_letters_each_poison_record_exactly_once() -> TestResult {
+    let s = setup("poison-mixed", 3).await?;
+    let mut records = Vec::new();
+    let mut good = BTreeSet::new();
+    let mut poison: BTreeMap<Vec<u8>, &str> = BTreeMap::new(); // value -> expected class
+    for i in 0..10_000 {
+        let key = format!("k{}", i % 13);
+        let (value, class) = match i % 100 {
+            17 => (format!("{{not json {i}").into_bytes(), Some("decode")),
+            29 => (
+                format!("{{\"shape\":\"wrong\",\"n\":{i}}}").into_bytes(),
+                Some("decode"),
+            ),
+            // Empty, then blank values of growing length: nothing to decode.
+            41 => (b" ".repeat(i / 100), Some("decode")),
+            53 => (
+                vec![0xff, 0xfe, b'{', (i % 251) as u8, (i / 251) as u8],
+                Some("decode"),
+            ),
+            67 => (json(&order(i, Behaviour::Permanent)), Some("permanent")),
+            79 => (json(&order(i, Behaviour::Panic)), Some("panic")),
+            _ => {
+                good.insert(format!("o-{i}"));
+                (json(&order(i, Behaviour::Fine)), None)
+            }
+        };
+        if let Some(class) = class {
+            assert!(
+                poison.insert(value.clone(), class).is_none(),
+                "poison values must be distinct"
+            );
+        }
+        records.push(OutgoingRecord::keyed(key, value).header("trace", format!("t-{i}")));
+    }
+    s.kafka.produce(&s.input, records).await?;
+    let stats = s.run(s.config()).await?;
+
+    // Good records: output exactly once.
+    let outputs = s
+        .kafka
+        .read_to_end(&s.output, Isolation::ReadCommitted)
+        .await?;
+    let mut seen = BTreeMap::new();
+    for output in &outputs {
+        *seen
+            .entry(serde_json::from_slice::<String>(
+                output.value.as_deref().unwrap_or_default(),
+            )?)
+            .or_insert(0) += 1;
+    }
+    assert!(seen.values().all(|n| *n == 1), "an output twice");
+    assert_eq!(seen.keys().cloned().collect::<BTreeSet<_>>(), good);
+
+    // Poison: each exactly once in the dead-letter topic, byte for byte, with its reason.
+    let dead = s
+        .kafka
+        .read_to_end(&s.dlq(), Isolation::ReadCommitted)
+        .await?;
+    assert_eq!(
+        dead.len(),
+        poison.len(),
+        "dead-lettered {} of {}",
+        dead.len(),
+        poison.len()
+    );
+    for record in &dead {
+        let value = record.value.clone().unwrap_or_default();
+        let class = poison
+            .get(&value)
+            .unwrap_or_else(|| panic!("unexpected dead letter {value:?}"));
+        assert_eq!(header(record, "onceflow-error-class"), *class);
+        assert!(!header(record, "onceflow-error-message").is_empty());
+        assert_eq!(header(record, "onceflow-source-topic"), s.input);
+        let offset: i64 = header(record, "onceflow-source-offset").parse()?;
+        let partition: i32 = header(record, "onceflow-source-partition").parse()?;
+        assert!(offset >= 0 && (0..3).contains(&partition));
+        assert_eq!(header(record, "onceflow-attempts"), "1");
+        assert_eq!(header(record, "onceflow-processor"), s.group);
+        assert!(
+            header(record, "trace").starts_with("t-"),
+            "original headers kept"
+        );
+        assert!(record.key.is_some(), "original key kept");
+    }
+    let distinct: BTreeSet<Vec<u8>> = dead
+        .iter()
+        .map(|r| r.value.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        distinct.len(),
+        dead.len(),
+        "a poison record dead-lettered twice"
+    );
+
+    assert_eq!(stats.records_in, 10_000);
+    assert_eq!(
+        stats.records_in,
+        stats.outputs + stats.duplicates_skipped + stats.dead_lettered
+    );
+    assert_eq!(stats.dead_lettered, poison.len() as u64);
+    Ok(())
+}
+
+/// 2. A transient failure that succeeds on the third attempt is processed once and is
+///    not dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_that_recovers_is_processed_once() -> TestResult {
+    let s = setup("poison-transient-ok", 1).await?;
+    let orders = [
+        order(0, Behaviour::Fine),
+        order(1, Behaviour::Transient(3)),
+        order(2, Behaviour::Fine),
+    ];
+    s.kafka
+        .produce(
+            &s.input,
+            orders
+                .iter()
+                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
+        )
+        .await?;
+    let stats = s.run(s.config()).await?;
+    let outputs = s
+        .kafka
+        .read_to_end(&s.output, Isolation::ReadCommitted)
+        .await?;
+    let ids: Vec<String> = outputs
+        .iter()
+        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(ids, ["o-0", "o-1", "o-2"]);
+    assert_eq!(stats.dead_lettered, 0);
+    assert!(
+        s.kafka
+            .read_to_end(&s.dlq(), Isolation::ReadUncommitted)
+            .await?
+            .is_empty()
+    );
+    Ok(())
+}
+
+/// 3. A transient failure that never recovers is dead-lettered after the configured
+///    attempts, and the records after it are processed (in order, after it: a partition's
+///    records are handled one at a time, so key order holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_that_never_recovers_is_dead_lettered_after_its_attempts() -> TestResult
+{
+    let s = setup("poison-transient-never", 1).await?;
+    let orders = [
+        order(0, Behaviour::Fine),
+        order(1, Behaviour::Transient(0)),
+        order(2, Behaviour::Fine),
+    ];
+    s.kafka
+        .produce(
+            &s.input,
+            orders
+                .iter()
+                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
+        )
+        .await?;
+    let stats = s
+        .run(s.config().retries(4, Duration::from_secs(20)))
+        .await?;
+    let outputs = s
+        .kafka
+        .read_to_end(&s.output, Isolation::ReadCommitted)
+        .await?;
+    let ids: Vec<String> = outputs
+        .iter()
+        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(ids, ["o-0", "o-2"]);
+    let dead = s
+        .kafka
+        .read_to_end(&s.dlq(), Isolation::ReadCommitted)
+        .await?;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        header(&dead[0], "onceflow-error-class"),
+        "transient-exhausted"
+    );
+    assert_eq!(header(&dead[0], "onceflow-attempts"), "4");
+    assert_eq!(dead[0].value.as_deref(), Some(json(&orders[1]).as_slice()));
+    assert_eq!(stats.dead_lettered, 1);
+    Ok(())
+}
+
+/// The other policies: `skip` counts and goes on without a dead-letter topic; `stop`
+/// stops the instance without committing the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_goes_on_and_stop_stops_without_committing() -> TestResult {
+    let s = setup("poison-skip", 1).await?;
+    let orders = [
+        order(0, Behaviour::Fine),
+        order(1, Behaviour::Permanent),
+        order(2, Behaviour::Fine),
+    ];
+    s.kafka
+        .produce(
+            &s.input,
+            orders
+                .iter()
+                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
+        )
+        .await?;
+    let stats = s.run(s.config().on_error(ErrorPolicy::Skip)).await?;
+    assert_eq!(
+        (stats.outputs, stats.skipped, stats.dead_lettered),
+        (2, 1, 0)
+    );
+
+    let t = setup("poison-stop", 1).await?;
+    t.kafka
+        .produce(
+            &t.input,
+            orders
+                .iter()
+                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
+        )
+        .await?;
+    let result = Engine::new(t.config().on_error(ErrorPolicy::Stop))?
+        .run(Picky::new(&t.output))
+        .await;
+    let error = result.expect_err("must stop");
+    assert!(error.to_string().contains("o-1 refused"), "{error}");
+    assert!(
+        t.kafka
+            .read_to_end(&t.output, Isolation::ReadUncommitted)
+            .await?
+            .iter()
+            .all(|r| r.value.is_some())
+    );
+    assert!(
+        t.kafka
+            .read_to_end(&t.output, Isolation::ReadCommitted)
+            .await?
+            .is_empty(),
+        "the failed batch committed"
+    );
+    assert_eq!(
+        t.kafka.committed_offsets(&t.group, &t.input).await?,
+        BTreeMap::from([(0, None)])
+    );
+    Ok(())
+}
