@@ -100,6 +100,9 @@ pub struct EngineConfig {
     pub dedup_max_entries: Option<u64>,
     /// Header holding an event ID when the event itself has none.
     pub event_id_header: String,
+    /// Treat a record without an event ID (or with a header ID that is not UTF-8) as one
+    /// that cannot be processed, instead of deduplicating it by offset only (default off).
+    pub require_event_id: bool,
     /// Bound on one Kafka transaction, and so on a hung commit (default 60 s).
     pub transaction_timeout: Duration,
     /// Any other librdkafka property, passed to every client unchanged.
@@ -137,6 +140,7 @@ impl EngineConfig {
             dedup_window: Duration::from_secs(7 * 24 * 3600),
             dedup_max_entries: None,
             event_id_header: "onceflow-event-id".into(),
+            require_event_id: false,
             transaction_timeout: Duration::from_secs(60),
             kafka_properties: Vec::new(),
             on_error: ErrorPolicy::DeadLetter,
@@ -175,6 +179,12 @@ impl EngineConfig {
     /// Passes a librdkafka property to every client.
     pub fn kafka(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.kafka_properties.push((key.into(), value.into()));
+        self
+    }
+
+    /// Requires every record to carry an event ID.
+    pub fn require_event_id(mut self, required: bool) -> Self {
+        self.require_event_id = required;
         self
     }
 

@@ -331,3 +331,47 @@ async fn skip_goes_on_and_stop_stops_without_committing() -> TestResult {
     );
     Ok(())
 }
+
+/// With IDs required, a record whose ID is missing or malformed is dead-lettered with
+/// that reason; one with the ID in the header is processed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_event_id_that_is_missing_or_malformed_is_dead_lettered() -> TestResult {
+    use onceflow_e2e::sum::{Amount, Sum};
+
+    let s = setup("poison-id", 1).await?;
+    let amount = |i: i64| {
+        serde_json::to_vec(&Amount {
+            id: None,
+            key: "k".into(),
+            amount: i,
+        })
+        .expect("json")
+    };
+    let records = vec![
+        OutgoingRecord::keyed("k", amount(1)).header("onceflow-event-id", "e-1"),
+        OutgoingRecord::keyed("k", amount(2)),
+        OutgoingRecord::keyed("k", amount(3)).header("onceflow-event-id", vec![0xffu8, 0xfe]),
+        OutgoingRecord::keyed("k", amount(4)).header("onceflow-event-id", "e-1"),
+    ];
+    s.kafka.produce(&s.input, records).await?;
+    let engine = Engine::new(s.config().require_event_id(true))?;
+    let shutdown = engine.shutdown_handle();
+    let running = tokio::spawn(engine.run(Sum::new(&s.output)));
+    onceflow_e2e::sum::wait_for_caught_up(s.kafka, &s.group, &s.input, WITHIN).await?;
+    shutdown.trigger();
+    let stats = running.await??;
+    assert_eq!(
+        (stats.outputs, stats.dead_lettered, stats.duplicates_skipped),
+        (1, 2, 1)
+    );
+    let dead = s
+        .kafka
+        .read_to_end(&s.dlq(), Isolation::ReadCommitted)
+        .await?;
+    let classes: Vec<String> = dead
+        .iter()
+        .map(|r| header(r, "onceflow-error-class"))
+        .collect();
+    assert_eq!(classes, ["missing-event-id", "malformed-event-id"]);
+    Ok(())
+}

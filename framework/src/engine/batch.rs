@@ -82,11 +82,23 @@ impl Batch<'_> {
                     continue;
                 }
             };
-            let event_id = input.event_id().or_else(|| {
-                record
-                    .header(&self.config.event_id_header)
-                    .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
-            });
+            let event_id = match self.event_id(&input, record) {
+                Ok(id) => id,
+                Err((class, error)) => {
+                    self.fail(
+                        record,
+                        None,
+                        class,
+                        error,
+                        1,
+                        &mut failed,
+                        &mut overlay,
+                        now_ms,
+                    )
+                    .await?;
+                    continue;
+                }
+            };
             if let Some(id) = &event_id
                 && (overlay.is_processed(record.partition, id)
                     || self.txlog.is_processed(record.partition, id)?)
@@ -241,6 +253,35 @@ impl Batch<'_> {
             "batch committed"
         );
         Ok(())
+    }
+
+    /// The record's event ID: the event's own, else the configured header's. Missing or
+    /// not UTF-8 is a failure of the record only when IDs are required.
+    fn event_id<E: Event>(
+        &self,
+        input: &E,
+        record: &kafka::Record,
+    ) -> std::result::Result<Option<String>, (&'static str, Error)> {
+        if let Some(id) = input.event_id() {
+            return Ok(Some(id));
+        }
+        let header = &self.config.event_id_header;
+        let required = self.config.require_event_id;
+        match record.header(header).map(std::str::from_utf8) {
+            Some(Ok(id)) => Ok(Some(id.to_owned())),
+            Some(Err(_)) if required => Err((
+                "malformed-event-id",
+                Error::processing(format!("header `{header}` is not UTF-8")),
+            )),
+            Some(Err(_)) => Ok(record
+                .header(header)
+                .map(|b| String::from_utf8_lossy(b).into_owned())),
+            None if required => Err((
+                "missing-event-id",
+                Error::processing(format!("no event ID in the event or in header `{header}`")),
+            )),
+            None => Ok(None),
+        }
     }
 
     /// Runs the processor on one record. A transient failure is tried again, with
