@@ -328,3 +328,68 @@ async fn at_most_once_loses_only_the_batch_a_crash_interrupts() -> TestResult {
     );
     Ok(())
 }
+
+/// Issue 5, test 4. A SIGKILL while a record is being retried, then a restart: the good
+///    records are output exactly once and the failing one is dead-lettered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_during_retries_still_dead_letters_exactly_once() -> TestResult {
+    use onceflow::testkit::{Isolation, OutgoingRecord};
+    use onceflow_e2e::poison::{Behaviour, Order};
+
+    let kafka = testkit::kafka().await;
+    let state = tempfile::tempdir()?;
+    let base = instance(kafka, "retry-kill", 1, &state)
+        .await?
+        .with_env("SUM_PROCESSOR", "picky")
+        .with_env("SUM_MAX_RETRY_SECONDS", "4");
+    let orders: Vec<Order> = (0..300)
+        .map(|i| Order {
+            id: format!("o-{i}"),
+            key: format!("k{}", i % 7),
+            behaviour: if i == 150 {
+                Behaviour::Transient(0)
+            } else {
+                Behaviour::Fine
+            },
+        })
+        .collect();
+    let records = orders
+        .iter()
+        .map(|o| OutgoingRecord::keyed(o.key.clone(), serde_json::to_vec(o).expect("json")));
+    kafka.produce(&base.input, records).await?;
+
+    // Killed twice while retrying order 150 (its retries take 4 s), then left to finish.
+    for _ in 0..2 {
+        let running = base.spawn();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        running.kill();
+    }
+    let running = base.spawn();
+    let caught_up = sum::wait_for_caught_up(kafka, &base.group, &base.input, WITHIN).await;
+    running.stop(WITHIN);
+    caught_up?;
+
+    let outputs = kafka
+        .read_to_end(&base.output, Isolation::ReadCommitted)
+        .await?;
+    let mut ids: Vec<String> = outputs
+        .iter()
+        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()).expect("id"))
+        .collect();
+    ids.sort();
+    let mut expected: Vec<String> = (0..300)
+        .filter(|i| *i != 150)
+        .map(|i| format!("o-{i}"))
+        .collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    let dead = kafka
+        .read_to_end(&format!("{}-dlq", base.group), Isolation::ReadCommitted)
+        .await?;
+    assert_eq!(dead.len(), 1, "dead-lettered {} times", dead.len());
+    assert_eq!(
+        dead[0].header("onceflow-error-class"),
+        Some(&b"transient-exhausted"[..])
+    );
+    Ok(())
+}

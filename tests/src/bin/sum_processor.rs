@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use onceflow::{Engine, EngineConfig, Error};
+use onceflow_e2e::poison::Picky;
 use onceflow_e2e::sum::Sum;
 use tokio::io::AsyncReadExt;
 
@@ -41,6 +42,10 @@ async fn main() {
     if let Ok(mode) = std::env::var("SUM_DELIVERY") {
         config = config.delivery(mode.parse().expect("SUM_DELIVERY"));
     }
+    if let Ok(seconds) = std::env::var("SUM_MAX_RETRY_SECONDS") {
+        let seconds: u64 = seconds.parse().expect("SUM_MAX_RETRY_SECONDS");
+        config = config.retries(1_000, Duration::from_secs(seconds));
+    }
     if let Ok(ms) = std::env::var("SUM_COMMIT_INTERVAL_MS") {
         let ms: u64 = ms.parse().expect("SUM_COMMIT_INTERVAL_MS");
         let max_batch_records = config.max_batch_records;
@@ -71,7 +76,12 @@ async fn main() {
         }
         shutdown.trigger();
     });
-    match engine.run(Sum::new(output)).await {
+    // SUM_PROCESSOR=picky runs the processor of the dead-letter tests instead.
+    let result = match std::env::var("SUM_PROCESSOR").as_deref() {
+        Ok("picky") => engine.run(Picky::new(output)).await,
+        _ => engine.run(Sum::new(output)).await,
+    };
+    match result {
         Ok(stats) => {
             #[allow(clippy::print_stdout)]
             {
