@@ -20,6 +20,7 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 mod config;
+mod dlq;
 mod engine;
 mod error;
 mod event;
@@ -32,6 +33,7 @@ pub mod testkit;
 
 pub use async_trait::async_trait;
 pub use config::{DeliveryMode, EngineConfig, ErrorPolicy};
+pub use dlq::{DeadLetterReplay, ReplaySummary};
 pub use engine::{Engine, Shutdown, Stats, StatsSnapshot};
 pub use error::{Error, ErrorClass, Result};
 pub use event::{Codec, Event, EventId, Json};

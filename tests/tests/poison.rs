@@ -375,3 +375,86 @@ async fn a_required_event_id_that_is_missing_or_malformed_is_dead_lettered() -> 
     assert_eq!(classes, ["missing-event-id", "malformed-event-id"]);
     Ok(())
 }
+
+/// 5. Replaying the dead letters after fixing the processor: the records come through
+///    exactly once, and a second replay re-publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_dead_letters_come_through_once_after_the_fix() -> TestResult {
+    use onceflow::DeadLetterReplay;
+
+    let s = setup("poison-replay", 2).await?;
+    let orders: Vec<Order> = (0..40)
+        .map(|i| {
+            order(
+                i,
+                if i % 10 == 3 {
+                    Behaviour::Permanent
+                } else {
+                    Behaviour::Fine
+                },
+            )
+        })
+        .collect();
+    s.kafka
+        .produce(
+            &s.input,
+            orders
+                .iter()
+                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
+        )
+        .await?;
+    let before = s.run(s.config()).await?;
+    assert_eq!((before.outputs, before.dead_lettered), (36, 4));
+
+    // A filter that matches nothing, in its own group, passes everything over.
+    let none = DeadLetterReplay::new(&s.config())
+        .group(format!("{}-probe", s.group))
+        .error_class("panic")
+        .run()
+        .await?;
+    assert_eq!((none.replayed, none.passed_over), (0, 4));
+
+    let replay = DeadLetterReplay::new(&s.config())
+        .error_class("permanent")
+        .run()
+        .await?;
+    assert_eq!(replay.replayed, 4);
+    let again = DeadLetterReplay::new(&s.config()).run().await?;
+    assert_eq!(again.replayed, 0, "a second replay re-published records");
+
+    // The fixed processor takes the re-published records like new ones.
+    let engine = Engine::new(s.config())?;
+    let shutdown = engine.shutdown_handle();
+    let running = tokio::spawn(engine.run(Picky::fixed(&s.output)));
+    let caught_up =
+        onceflow_e2e::sum::wait_for_caught_up(s.kafka, &s.group, &s.input, WITHIN).await;
+    shutdown.trigger();
+    let after = running.await??;
+    caught_up?;
+    assert_eq!((after.outputs, after.dead_lettered), (4, 0));
+
+    let outputs = s
+        .kafka
+        .read_to_end(&s.output, Isolation::ReadCommitted)
+        .await?;
+    let mut ids: Vec<String> = outputs
+        .iter()
+        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()))
+        .collect::<Result<_, _>>()?;
+    ids.sort();
+    let mut expected: Vec<String> = orders.iter().map(|o| o.id.clone()).collect();
+    expected.sort();
+    assert_eq!(ids, expected, "every order exactly once");
+    let replayed = s
+        .kafka
+        .read_to_end(&s.input, Isolation::ReadCommitted)
+        .await?;
+    assert_eq!(
+        replayed
+            .iter()
+            .filter(|r| r.header("onceflow-replayed-from").is_some())
+            .count(),
+        4
+    );
+    Ok(())
+}

@@ -68,34 +68,16 @@ impl Batch<'_> {
             let input: P::Input = match decode(record) {
                 Ok(input) => input,
                 Err(error) => {
-                    self.fail(
-                        record,
-                        None,
-                        "decode",
-                        error,
-                        1,
-                        &mut failed,
-                        &mut overlay,
-                        now_ms,
-                    )
-                    .await?;
+                    self.fail(record, "decode", error, 1, &mut failed, now_ms)
+                        .await?;
                     continue;
                 }
             };
             let event_id = match self.event_id(&input, record) {
                 Ok(id) => id,
                 Err((class, error)) => {
-                    self.fail(
-                        record,
-                        None,
-                        class,
-                        error,
-                        1,
-                        &mut failed,
-                        &mut overlay,
-                        now_ms,
-                    )
-                    .await?;
+                    self.fail(record, class, error, 1, &mut failed, now_ms)
+                        .await?;
                     continue;
                 }
             };
@@ -133,17 +115,8 @@ impl Batch<'_> {
                     if error.is_fatal() {
                         return Err(error);
                     }
-                    self.fail(
-                        record,
-                        event_id,
-                        class,
-                        error,
-                        attempts,
-                        &mut failed,
-                        &mut overlay,
-                        now_ms,
-                    )
-                    .await?;
+                    self.fail(record, class, error, attempts, &mut failed, now_ms)
+                        .await?;
                     continue;
                 }
             };
@@ -369,16 +342,13 @@ impl Batch<'_> {
     }
 
     /// Handles a record that cannot be processed, per `on_error`.
-    #[allow(clippy::too_many_arguments)]
     async fn fail(
         &self,
         record: &kafka::Record,
-        event_id: Option<String>,
         class: &'static str,
         error: Error,
         attempts: u32,
         failed: &mut Failures,
-        overlay: &mut Overlay,
         now_ms: i64,
     ) -> Result<()> {
         let config = self.config;
@@ -432,10 +402,8 @@ impl Batch<'_> {
                 }
             }
         }
-        // Handled: a duplicate of it later is skipped like a duplicate of a processed one.
-        if let Some(id) = event_id {
-            overlay.mark_processed(record.partition, id, record.offset, now_ms);
-        }
+        // Not marked processed: it never was, so a later copy of it (a `dlq replay` after
+        // a fix, or a duplicate) is processed, not skipped.
         Ok(())
     }
 

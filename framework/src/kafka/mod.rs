@@ -7,6 +7,7 @@
 mod admin;
 mod blocking;
 mod consumer;
+mod dlq;
 mod error;
 mod producer;
 #[cfg(feature = "testkit")]
@@ -21,6 +22,7 @@ pub(crate) use admin::probe;
 pub(crate) use admin::{create_topic, partition_count};
 pub(crate) use blocking::blocking;
 pub(crate) use consumer::{InputConsumer, Rebalanced};
+pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
 pub(crate) use error::kafka_error;
 pub(crate) use producer::{OutputProducer, Pending};
 #[cfg(feature = "testkit")]
