@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an onceflow `Event`",
     label = "the processor's input type must implement `onceflow::Event`",
-    note = "implement `onceflow::Event` for it (both methods have defaults), or derive it once the derives are available"
+    note = "add `#[derive(onceflow::Event)]` (with `#[event(id)]` on the ID field), or implement `onceflow::Event` by hand (both methods have defaults)"
 )]
 pub trait Event {
     /// The event's business ID, if it has one.

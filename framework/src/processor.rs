@@ -41,7 +41,7 @@ use crate::{Error, Result};
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an onceflow `Processor`",
-    note = "implement `onceflow::Processor` (with `#[onceflow::async_trait]`) for it"
+    note = "add `#[derive(onceflow::Processor)]` with `#[processor(name = \"...\", input_type = ...)]` and an `async fn handle`, or implement `onceflow::Processor` with `#[onceflow::async_trait]`"
 )]
 #[async_trait]
 pub trait Processor: Send + 'static {

@@ -1,0 +1,5 @@
+#[derive(onceflow::Processor)]
+#[processor(name = "billing", input = "orders")]
+struct Billing;
+
+fn main() {}

@@ -1,0 +1,4 @@
+#[derive(onceflow::Processor)]
+struct FraudCheck;
+
+fn main() {}

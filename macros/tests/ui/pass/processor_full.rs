@@ -1,0 +1,47 @@
+use onceflow::{Context, Event, Processor, Result};
+use serde::Deserialize;
+
+#[derive(Deserialize, Event)]
+struct Order {
+    #[event(id)]
+    id: String,
+    #[event(key)]
+    customer: String,
+    amount: i64,
+}
+
+#[derive(Default, Processor)]
+#[processor(
+    name = "billing",
+    input = "orders",
+    input_type = Order,
+    outputs = ["invoices", "audit"],
+    handler = bill
+)]
+struct Billing {
+    billed: usize,
+}
+
+impl Billing {
+    async fn bill(&mut self, order: Order, ctx: &mut Context<'_>) -> Result<()> {
+        self.billed += 1;
+        let total = ctx.state().get::<i64>(&order.customer)?.unwrap_or(0) + order.amount;
+        ctx.state().put(&order.customer, &total)?;
+        ctx.emit("invoices", &order.customer, &total)?;
+        ctx.emit("audit", &order.id, &order.amount)
+    }
+}
+
+/// Holds only for the real trait, with `Input = Order`.
+fn is_processor<P: Processor<Input = Order>>(processor: &P) -> &P {
+    processor
+}
+
+fn main() {
+    let billing = Billing::default();
+    let billing = is_processor(&billing);
+    assert_eq!(billing.name(), "billing");
+    assert_eq!(billing.input_topic(), Some("orders"));
+    assert_eq!(billing.output_topics(), &["invoices", "audit"]);
+    assert_eq!(billing.billed, 0);
+}
