@@ -97,6 +97,13 @@ pub(crate) struct Output {
     pub(crate) value: Vec<u8>,
 }
 
+impl Output {
+    /// Bytes librdkafka counts against `message.max.bytes`.
+    pub(crate) fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len) + self.value.len()
+    }
+}
+
 /// What a processor can do while handling one event.
 pub struct Context<'a> {
     pub(crate) meta: &'a RecordMeta,

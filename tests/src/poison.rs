@@ -18,6 +18,8 @@ pub enum Behaviour {
     Panic,
     /// Transient errors until the given attempt, which succeeds (0: never).
     Transient(u32),
+    /// Emits an output of 1.5 MB, over librdkafka's default `message.max.bytes`.
+    Huge,
 }
 
 /// An input order.
@@ -80,7 +82,7 @@ impl Processor for Picky {
             *n
         };
         match order.behaviour {
-            Behaviour::Fine => {}
+            Behaviour::Fine | Behaviour::Huge => {}
             Behaviour::Permanent if self.fixed => {}
             Behaviour::Permanent => {
                 return Err(Error::processing(format!("order {} refused", order.id)));
@@ -94,6 +96,9 @@ impl Processor for Picky {
                     )));
                 }
             }
+        }
+        if order.behaviour == Behaviour::Huge {
+            ctx.emit(&self.output, &order.key, &"x".repeat(1_500_000))?;
         }
         let count = ctx.state().get::<u64>(&order.key)?.unwrap_or(0) + 1;
         ctx.state().put(&order.key, &count)?;

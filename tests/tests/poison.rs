@@ -458,3 +458,43 @@ async fn replayed_dead_letters_come_through_once_after_the_fix() -> TestResult {
     );
     Ok(())
 }
+
+/// An output over `message.max.bytes` fails its input (dead-lettered as
+/// `output-too-large`) instead of failing every retry of the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_too_large_for_the_producer_dead_letters_its_input() -> TestResult {
+    let s = setup("poison-huge", 1).await?;
+    let orders = [
+        order(0, Behaviour::Fine),
+        order(1, Behaviour::Huge),
+        order(2, Behaviour::Fine),
+    ];
+    s.kafka
+        .produce(
+            &s.input,
+            orders
+                .iter()
+                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
+        )
+        .await?;
+    let stats = s.run(s.config()).await?;
+    assert_eq!(
+        (stats.outputs, stats.dead_lettered, stats.aborts),
+        (2, 1, 0)
+    );
+    let dead = s
+        .kafka
+        .read_to_end(&s.dlq(), Isolation::ReadCommitted)
+        .await?;
+    assert_eq!(header(&dead[0], "onceflow-error-class"), "output-too-large");
+    let outputs = s
+        .kafka
+        .read_to_end(&s.output, Isolation::ReadUncommitted)
+        .await?;
+    assert_eq!(
+        outputs.len(),
+        2,
+        "nothing of the failed input entered the transaction"
+    );
+    Ok(())
+}

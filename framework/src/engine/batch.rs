@@ -40,6 +40,8 @@ pub(super) struct Batch<'a> {
     pub(super) stats: &'a Arc<Stats>,
     pub(super) declared: &'a BTreeSet<String>,
     pub(super) changelog: &'a str,
+    /// The producer's `message.max.bytes`: key and value of one record together.
+    pub(super) max_message_bytes: usize,
 }
 
 impl Batch<'_> {
@@ -120,6 +122,22 @@ impl Batch<'_> {
                     continue;
                 }
             };
+            // librdkafka refuses a record over `message.max.bytes` when it is sent, which
+            // would fail the whole transaction again on every retry: check first, and treat
+            // it as this input's failure, before any of its outputs enters the transaction.
+            if let Some(output) = outputs.iter().find(|o| o.size() > self.max_message_bytes) {
+                let error = Error::Encode {
+                    what: format!("a record for `{}`", output.topic),
+                    message: format!(
+                        "{} bytes, over message.max.bytes ({})",
+                        output.size(),
+                        self.max_message_bytes
+                    ),
+                };
+                self.fail(record, "output-too-large", error, 1, &mut failed, now_ms)
+                    .await?;
+                continue;
+            }
             crash_point!("onceflow-after-process");
             merge(&mut overlay, writes);
             for output in outputs {

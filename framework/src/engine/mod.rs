@@ -40,6 +40,9 @@ use crate::processor::Processor;
 use crate::txlog::{Opened, TxLog};
 use crate::{Error, Result};
 
+/// librdkafka's default `message.max.bytes`.
+const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
 /// Crashes the process at a named point when the failpoint is configured (feature
 /// `failpoints`; e.g. `FAILPOINTS=onceflow-before-commit=3*off->return` crashes at the
 /// fourth pass). A crash is `abort()`: no destructor, no flush, like a power cut.
@@ -135,6 +138,13 @@ impl Engine {
         )?;
         let changelog = config.changelog_topic();
         let declared: BTreeSet<String> = config.output_topics.iter().cloned().collect();
+        let max_message_bytes = config
+            .kafka_properties
+            .iter()
+            .rev()
+            .find(|(key, _)| key == "message.max.bytes")
+            .and_then(|(_, value)| value.parse().ok())
+            .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
         tracing::info!(
             processor = processor.name(),
             group = %config.group,
@@ -202,6 +212,7 @@ impl Engine {
                 stats: &self.stats,
                 declared: &declared,
                 changelog: &changelog,
+                max_message_bytes,
             };
             match step.run(&mut processor, polled.records).await {
                 Ok(()) => {}
