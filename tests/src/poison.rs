@@ -18,8 +18,8 @@ pub enum Behaviour {
     Panic,
     /// Transient errors until the given attempt, which succeeds (0: never).
     Transient(u32),
-    /// Emits an output of 1.5 MB, over librdkafka's default `message.max.bytes`.
-    Huge,
+    /// Emits an extra output of this many bytes.
+    Huge(usize),
 }
 
 /// An input order.
@@ -82,7 +82,7 @@ impl Processor for Picky {
             *n
         };
         match order.behaviour {
-            Behaviour::Fine | Behaviour::Huge => {}
+            Behaviour::Fine | Behaviour::Huge(_) => {}
             Behaviour::Permanent if self.fixed => {}
             Behaviour::Permanent => {
                 return Err(Error::processing(format!("order {} refused", order.id)));
@@ -97,8 +97,8 @@ impl Processor for Picky {
                 }
             }
         }
-        if order.behaviour == Behaviour::Huge {
-            ctx.emit(&self.output, &order.key, &"x".repeat(1_500_000))?;
+        if let Behaviour::Huge(bytes) = order.behaviour {
+            ctx.emit(&self.output, &order.key, &"x".repeat(bytes))?;
         }
         let count = ctx.state().get::<u64>(&order.key)?.unwrap_or(0) + 1;
         ctx.state().put(&order.key, &count)?;

@@ -459,14 +459,16 @@ async fn replayed_dead_letters_come_through_once_after_the_fix() -> TestResult {
     Ok(())
 }
 
-/// An output over `message.max.bytes` fails its input (dead-lettered as
-/// `output-too-large`) instead of failing every retry of the batch.
+/// An output over what the producer (`message.max.bytes`) or the topic
+/// (`max.message.bytes`) accepts fails its input (dead-lettered as `output-too-large`)
+/// instead of failing every retry of the batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_output_too_large_for_the_producer_dead_letters_its_input() -> TestResult {
+async fn an_output_too_large_for_the_producer_or_the_topic_dead_letters_its_input() -> TestResult {
+    // Over the producer's limit (librdkafka's default, 1,000,000 bytes).
     let s = setup("poison-huge", 1).await?;
     let orders = [
         order(0, Behaviour::Fine),
-        order(1, Behaviour::Huge),
+        order(1, Behaviour::Huge(1_500_000)),
         order(2, Behaviour::Fine),
     ];
     s.kafka
@@ -495,6 +497,38 @@ async fn an_output_too_large_for_the_producer_dead_letters_its_input() -> TestRe
         outputs.len(),
         2,
         "nothing of the failed input entered the transaction"
+    );
+
+    // Over the topic's own, smaller limit: 60 kB does not fit in 50 kB, 10 kB does.
+    let kafka = testkit::kafka().await;
+    let t = Setup {
+        kafka,
+        input: testkit::unique_name("poison-small-in"),
+        output: testkit::unique_name("poison-small-out"),
+        group: testkit::unique_name("poison-small"),
+        state: tempfile::tempdir()?,
+    };
+    kafka.create_topic(&t.input, 1).await?;
+    kafka
+        .create_topic_with(&t.output, 1, &[("max.message.bytes", "50000")])
+        .await?;
+    let orders = [
+        order(0, Behaviour::Huge(10_000)),
+        order(1, Behaviour::Huge(60_000)),
+        order(2, Behaviour::Fine),
+    ];
+    kafka
+        .produce(
+            &t.input,
+            orders
+                .iter()
+                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
+        )
+        .await?;
+    let stats = t.run(t.config()).await?;
+    assert_eq!(
+        (stats.outputs, stats.dead_lettered, stats.aborts),
+        (3, 1, 0)
     );
     Ok(())
 }

@@ -40,8 +40,8 @@ pub(super) struct Batch<'a> {
     pub(super) stats: &'a Arc<Stats>,
     pub(super) declared: &'a BTreeSet<String>,
     pub(super) changelog: &'a str,
-    /// The producer's `message.max.bytes`: key and value of one record together.
-    pub(super) max_message_bytes: usize,
+    /// The largest record each output topic takes (key and value together).
+    pub(super) output_limits: &'a BTreeMap<String, usize>,
 }
 
 impl Batch<'_> {
@@ -125,13 +125,15 @@ impl Batch<'_> {
             // librdkafka refuses a record over `message.max.bytes` when it is sent, which
             // would fail the whole transaction again on every retry: check first, and treat
             // it as this input's failure, before any of its outputs enters the transaction.
-            if let Some(output) = outputs.iter().find(|o| o.size() > self.max_message_bytes) {
+            let limit = |topic: &str| self.output_limits.get(topic).copied().unwrap_or(usize::MAX);
+            if let Some(output) = outputs.iter().find(|o| o.size() > limit(&o.topic)) {
                 let error = Error::Encode {
                     what: format!("a record for `{}`", output.topic),
                     message: format!(
-                        "{} bytes, over message.max.bytes ({})",
+                        "{} bytes, over the {} bytes the producer and the topic accept \
+                         (message.max.bytes, max.message.bytes)",
                         output.size(),
-                        self.max_message_bytes
+                        limit(&output.topic)
                     ),
                 };
                 self.fail(record, "output-too-large", error, 1, &mut failed, now_ms)

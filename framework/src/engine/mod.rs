@@ -138,13 +138,14 @@ impl Engine {
         )?;
         let changelog = config.changelog_topic();
         let declared: BTreeSet<String> = config.output_topics.iter().cloned().collect();
-        let max_message_bytes = config
+        let producer_limit = config
             .kafka_properties
             .iter()
             .rev()
             .find(|(key, _)| key == "message.max.bytes")
             .and_then(|(_, value)| value.parse().ok())
             .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
+        let output_limits = recovery::output_limits(&options, &config, producer_limit).await?;
         tracing::info!(
             processor = processor.name(),
             group = %config.group,
@@ -212,7 +213,7 @@ impl Engine {
                 stats: &self.stats,
                 declared: &declared,
                 changelog: &changelog,
-                max_message_bytes,
+                output_limits: &output_limits,
             };
             match step.run(&mut processor, polled.records).await {
                 Ok(()) => {}

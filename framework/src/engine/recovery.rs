@@ -1,5 +1,6 @@
 //! Start-up checks and changelog replay.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,6 +88,28 @@ async fn create(
         Err(Error::Kafka { code, .. }) if code == "TopicAlreadyExists" => Ok(()),
         other => other,
     }
+}
+
+/// The largest record (key and value) each output topic accepts: the smaller of the
+/// producer's `message.max.bytes` and the topic's `max.message.bytes`, less a margin for
+/// the record batch framing the broker counts too.
+pub(crate) async fn output_limits(
+    options: &ClientOptions,
+    config: &EngineConfig,
+    producer_limit: usize,
+) -> Result<BTreeMap<String, usize>> {
+    /// Batch and record headers of a one-record batch, rounded up.
+    const FRAMING: usize = 512;
+    let mut limits = BTreeMap::new();
+    for topic in &config.output_topics {
+        let broker_limit =
+            kafka::topic_config(options, topic, "max.message.bytes", METADATA_TIMEOUT)
+                .await?
+                .and_then(|value| value.parse::<usize>().ok())
+                .map_or(usize::MAX, |limit| limit.saturating_sub(FRAMING));
+        limits.insert(topic.clone(), producer_limit.min(broker_limit));
+    }
+    Ok(limits)
 }
 
 /// Brings `partition`'s dedup entries and state in redb up to date with the changelog,

@@ -2,9 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 #[cfg(feature = "testkit")]
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
@@ -159,4 +160,33 @@ pub(crate) async fn partition_count(
             .map(|t| t.partitions().len() as i32))
     })
     .await
+}
+
+/// The value of topic-level setting `name` for `topic`, as the broker reports it.
+pub(crate) async fn topic_config(
+    options: &ClientOptions,
+    topic: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<Option<String>> {
+    let operation = format!("describe the configuration of `{topic}`");
+    let admin: AdminClient<DefaultClientContext> = options
+        .config(&[])
+        .create()
+        .map_err(|e| kafka_error(&operation, e))?;
+    let resources = [ResourceSpecifier::Topic(topic)];
+    let results = admin
+        .describe_configs(
+            &resources,
+            &AdminOptions::new().request_timeout(Some(timeout)),
+        )
+        .await
+        .map_err(|e| kafka_error(&operation, e))?;
+    for result in results {
+        let resource = result.map_err(|code| kafka_error(&operation, KafkaError::AdminOp(code)))?;
+        if let Some(entry) = resource.get(name) {
+            return Ok(entry.value.clone());
+        }
+    }
+    Ok(None)
 }
