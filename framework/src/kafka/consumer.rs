@@ -138,6 +138,10 @@ impl InputConsumer {
                     break;
                 }
                 let message = consumer.poll(left.min(Duration::from_millis(50)));
+                // Rebalance callbacks ran inside that poll. Records gathered before a
+                // revocation are dropped (the partitions restart from the committed offsets);
+                // the message this poll returned, if any, is kept: librdkafka discards
+                // messages of revoked partitions, so it belongs to the current assignment.
                 let rebalances = consumer.context().take();
                 if !rebalances.is_empty() {
                     for event in &rebalances {
