@@ -181,15 +181,17 @@ impl Engine {
                     }
                     Rebalanced::Assigned(partitions) => {
                         for partition in partitions {
-                            if let Err(error) = recovery::replay(
-                                &options,
-                                &changelog,
-                                partition,
-                                &txlog,
-                                &self.stats,
-                            )
-                            .await
-                            {
+                            let replayed = retry_transient("replay the changelog", || {
+                                recovery::replay(
+                                    &options,
+                                    &changelog,
+                                    partition,
+                                    &txlog,
+                                    &self.stats,
+                                )
+                            })
+                            .await;
+                            if let Err(error) = replayed {
                                 replay_failed = Some(error);
                                 break;
                             }
@@ -299,7 +301,8 @@ async fn recover(
         // A producer that can neither commit nor abort is replaced; initialising the
         // new one (same transactional ID) aborts whatever the old one left open.
         tracing::warn!(%error, "abort failed; recreating the producer");
-        *producer = new_producer(options, config).await?;
+        *producer =
+            retry_transient("recreate the producer", || new_producer(options, config)).await?;
     }
     if config.delivery == DeliveryMode::AtMostOnce {
         // The batch's offsets were committed before it was processed: at most once means
@@ -329,10 +332,80 @@ fn log_contents(txlog: &TxLog) {
     }
 }
 
+/// Runs `call` again while it fails with a retriable error (a broker that is slow or
+/// briefly away), with growing pauses, at most five times in all.
+async fn retry_transient<T, F, Fut>(what: &str, mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let mut pause = std::time::Duration::from_millis(500);
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Err(error) if error.is_retriable() && attempt < 5 => {
+                tracing::warn!(%error, attempt, ?pause, "{what} failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 fn first_offsets(records: &[kafka::Record]) -> BTreeMap<i32, i64> {
     let mut first = BTreeMap::new();
     for record in records {
         first.entry(record.partition).or_insert(record.offset);
     }
     first
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    fn transient() -> Error {
+        Error::Timeout {
+            what: "x".into(),
+            after: std::time::Duration::ZERO,
+            detail: String::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retriable_failures_are_retried_five_times_at_most() {
+        let calls = AtomicU32::new(0);
+        let recovered = retry_transient("test", || async {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            if n < 3 { Err(transient()) } else { Ok(n) }
+        })
+        .await;
+        assert_eq!(recovered.ok(), Some(3));
+
+        calls.store(0, Ordering::SeqCst);
+        let never: Result<()> = retry_transient("test", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(transient())
+        })
+        .await;
+        assert!(never.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 5);
+
+        calls.store(0, Ordering::SeqCst);
+        let fatal: Result<()> = retry_transient("test", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(Error::processing("no"))
+        })
+        .await;
+        assert!(fatal.is_err());
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "a non-retriable error is not retried"
+        );
+    }
 }
