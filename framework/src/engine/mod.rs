@@ -29,7 +29,7 @@ mod batch;
 mod recovery;
 mod stats;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 pub use stats::{Shutdown, Stats, StatsSnapshot};
@@ -206,7 +206,6 @@ impl Engine {
             if polled.records.is_empty() {
                 continue;
             }
-            let first_offsets = first_offsets(&polled.records);
             let step = batch::Batch {
                 config: &config,
                 consumer: &consumer,
@@ -221,15 +220,15 @@ impl Engine {
                 Ok(()) => {}
                 Err(error) => {
                     Stats::add(&self.stats.aborts, 1);
-                    if let Err(stop) = recover(
-                        &options,
-                        &config,
-                        &consumer,
-                        &mut producer,
-                        first_offsets,
-                        &error,
-                    )
-                    .await
+                    let resync = Resync {
+                        options: &options,
+                        config: &config,
+                        changelog: &changelog,
+                        txlog: &txlog,
+                        stats: &self.stats,
+                    };
+                    if let Err(stop) =
+                        recover(&resync, &consumer, &mut producer, &owned, &error).await
                     {
                         break Err(stop);
                     }
@@ -279,16 +278,39 @@ fn stops_the_instance(error: &Error) -> bool {
         )
 }
 
+/// What re-synchronising after a failed batch needs besides the clients.
+struct Resync<'a> {
+    options: &'a ClientOptions,
+    config: &'a EngineConfig,
+    changelog: &'a str,
+    txlog: &'a Arc<TxLog>,
+    stats: &'a Arc<Stats>,
+}
+
 /// Undoes a failed batch: aborts its transaction (recreating the producer when the abort
-/// itself fails) and moves every partition it read back to where the batch began.
+/// itself fails), then continues from what the broker says happened.
+///
+/// The outcome of a failed batch is not always known: a commit that timed out may have
+/// reached the coordinator, and a new producer with the same transactional ID then
+/// completes it instead of aborting it. So nothing is assumed: every owned partition's
+/// changelog is replayed into redb (a no-op when the batch really aborted), and every owned
+/// partition is moved to the group's committed offset (read with `read_committed`
+/// semantics, so it waits for the transaction to be resolved), which is the batch's start
+/// if it aborted and its end if it committed.
 async fn recover(
-    options: &ClientOptions,
-    config: &EngineConfig,
+    resync: &Resync<'_>,
     consumer: &InputConsumer,
     producer: &mut OutputProducer,
-    first_offsets: BTreeMap<i32, i64>,
+    owned: &BTreeSet<i32>,
     cause: &Error,
 ) -> Result<()> {
+    let Resync {
+        options,
+        config,
+        changelog,
+        txlog,
+        stats,
+    } = resync;
     if matches!(cause, Error::Fenced { .. }) {
         return Ok(());
     }
@@ -298,8 +320,8 @@ async fn recover(
         if matches!(error, Error::Fenced { .. }) {
             return Err(error);
         }
-        // A producer that can neither commit nor abort is replaced; initialising the
-        // new one (same transactional ID) aborts whatever the old one left open.
+        // A producer that can neither commit nor abort is replaced; initialising the new
+        // one (same transactional ID) resolves whatever the old one left open.
         tracing::warn!(%error, "abort failed; recreating the producer");
         *producer =
             retry_transient("recreate the producer", || new_producer(options, config)).await?;
@@ -309,7 +331,14 @@ async fn recover(
         // it is not processed again.
         return Ok(());
     }
-    consumer.seek(first_offsets.into_iter().collect()).await
+    for partition in owned {
+        retry_transient("replay the changelog", || {
+            recovery::replay(options, changelog, *partition, txlog, stats)
+        })
+        .await?;
+    }
+    let committed = consumer.committed(owned.iter().copied().collect()).await?;
+    consumer.seek(committed).await
 }
 
 /// What the transaction log holds at start-up, per partition.
@@ -352,14 +381,6 @@ where
             other => return other,
         }
     }
-}
-
-fn first_offsets(records: &[kafka::Record]) -> BTreeMap<i32, i64> {
-    let mut first = BTreeMap::new();
-    for record in records {
-        first.entry(record.partition).or_insert(record.offset);
-    }
-    first
 }
 
 #[cfg(test)]

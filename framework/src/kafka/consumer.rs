@@ -174,8 +174,34 @@ impl InputConsumer {
         .await
     }
 
-    /// Moves the fetch position of each `(partition, offset)` back, after an abort.
-    pub(crate) async fn seek(&self, positions: Vec<(i32, i64)>) -> Result<()> {
+    /// The group's committed offset of each partition (`None`: nothing committed). With
+    /// `read_committed` librdkafka asks for stable offsets, so a pending transactional
+    /// commit is waited for, not read past.
+    pub(crate) async fn committed(&self, partitions: Vec<i32>) -> Result<Vec<(i32, Option<i64>)>> {
+        let consumer = Arc::clone(&self.consumer);
+        let topic = self.topic.clone();
+        blocking("read committed offsets", move || {
+            let mut query = TopicPartitionList::new();
+            for partition in partitions {
+                query.add_partition(&topic, partition);
+            }
+            let committed = consumer
+                .committed_offsets(query, Duration::from_secs(30))
+                .map_err(|e| kafka_error(format!("read committed offsets of `{topic}`"), e))?;
+            Ok(committed
+                .elements()
+                .iter()
+                .map(|e| match e.offset() {
+                    Offset::Offset(offset) => (e.partition(), Some(offset)),
+                    _ => (e.partition(), None),
+                })
+                .collect())
+        })
+        .await
+    }
+
+    /// Moves each partition's fetch position to `offset` (`None`: the beginning).
+    pub(crate) async fn seek(&self, positions: Vec<(i32, Option<i64>)>) -> Result<()> {
         let consumer = Arc::clone(&self.consumer);
         let topic = self.topic.clone();
         blocking("seek", move || {
@@ -184,11 +210,11 @@ impl InputConsumer {
                     .seek(
                         &topic,
                         partition,
-                        Offset::Offset(offset),
+                        offset.map_or(Offset::Beginning, Offset::Offset),
                         Duration::from_secs(10),
                     )
                     .map_err(|e| {
-                        kafka_error(format!("seek `{topic}` [{partition}] to {offset}"), e)
+                        kafka_error(format!("seek `{topic}` [{partition}] to {offset:?}"), e)
                     })?;
             }
             Ok(())

@@ -70,7 +70,15 @@ pub(crate) async fn read_to_end(
                 Some(Err(KafkaError::PartitionEOF(partition))) => {
                     not_at_end.remove(&partition);
                 }
-                Some(Err(error)) => return Err(kafka_error(&operation, error)),
+                Some(Err(error)) => {
+                    // Connections come back by themselves (a broker restarting, a network
+                    // blip): keep polling until the deadline rather than fail at once.
+                    let error = kafka_error(&operation, error);
+                    if !error.is_retriable() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "transient error while reading; polling on");
+                }
             }
         }
         records.sort_by_key(|r| (r.partition, r.offset));

@@ -86,7 +86,15 @@ pub(crate) fn read_partition(
                 }
             }
             Some(Err(KafkaError::PartitionEOF(_))) => break,
-            Some(Err(error)) => return Err(kafka_error(&operation, error)),
+            Some(Err(error)) => {
+                // Connections come back by themselves (a broker restarting, a network
+                // blip): keep polling until the deadline rather than fail at once.
+                let error = kafka_error(&operation, error);
+                if !error.is_retriable() {
+                    return Err(error);
+                }
+                tracing::debug!(%error, "transient error while reading; polling on");
+            }
         }
     }
     if !pending.is_empty() {
