@@ -52,6 +52,27 @@ impl Setup {
         format!("{}-dlq", self.group)
     }
 
+    /// Writes `orders` to the input, keyed by their key.
+    async fn produce(&self, orders: &[Order]) -> Result<(), Box<dyn std::error::Error>> {
+        let records = orders
+            .iter()
+            .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o)));
+        self.kafka.produce(&self.input, records).await?;
+        Ok(())
+    }
+
+    /// The order IDs on the output topic, under `read_committed`, in offset order.
+    async fn output_ids(&self) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+        let outputs = self
+            .kafka
+            .read_to_end(&self.output, Isolation::ReadCommitted)
+            .await?;
+        Ok(outputs
+            .iter()
+            .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()))
+            .collect::<Result<_, _>>()?)
+    }
+
     /// Runs until the group has committed the whole input, then stops.
     async fn run(&self, config: EngineConfig) -> Result<StatsSnapshot, Box<dyn std::error::Error>> {
         let engine = Engine::new(config)?;
@@ -198,23 +219,9 @@ async fn a_transient_failure_that_recovers_is_processed_once() -> TestResult {
         order(1, Behaviour::Transient(3)),
         order(2, Behaviour::Fine),
     ];
-    s.kafka
-        .produce(
-            &s.input,
-            orders
-                .iter()
-                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
-        )
-        .await?;
+    s.produce(&orders).await?;
     let stats = s.run(s.config()).await?;
-    let outputs = s
-        .kafka
-        .read_to_end(&s.output, Isolation::ReadCommitted)
-        .await?;
-    let ids: Vec<String> = outputs
-        .iter()
-        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()))
-        .collect::<Result<_, _>>()?;
+    let ids: Vec<String> = s.output_ids().await?;
     assert_eq!(ids, ["o-0", "o-1", "o-2"]);
     assert_eq!(stats.dead_lettered, 0);
     assert!(
@@ -238,25 +245,11 @@ async fn a_transient_failure_that_never_recovers_is_dead_lettered_after_its_atte
         order(1, Behaviour::Transient(0)),
         order(2, Behaviour::Fine),
     ];
-    s.kafka
-        .produce(
-            &s.input,
-            orders
-                .iter()
-                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
-        )
-        .await?;
+    s.produce(&orders).await?;
     let stats = s
         .run(s.config().retries(4, Duration::from_secs(20)))
         .await?;
-    let outputs = s
-        .kafka
-        .read_to_end(&s.output, Isolation::ReadCommitted)
-        .await?;
-    let ids: Vec<String> = outputs
-        .iter()
-        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()))
-        .collect::<Result<_, _>>()?;
+    let ids: Vec<String> = s.output_ids().await?;
     assert_eq!(ids, ["o-0", "o-2"]);
     let dead = s
         .kafka
@@ -283,14 +276,7 @@ async fn skip_goes_on_and_stop_stops_without_committing() -> TestResult {
         order(1, Behaviour::Permanent),
         order(2, Behaviour::Fine),
     ];
-    s.kafka
-        .produce(
-            &s.input,
-            orders
-                .iter()
-                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
-        )
-        .await?;
+    s.produce(&orders).await?;
     let stats = s.run(s.config().on_error(ErrorPolicy::Skip)).await?;
     assert_eq!(
         (stats.outputs, stats.skipped, stats.dead_lettered),
@@ -298,14 +284,7 @@ async fn skip_goes_on_and_stop_stops_without_committing() -> TestResult {
     );
 
     let t = setup("poison-stop", 1).await?;
-    t.kafka
-        .produce(
-            &t.input,
-            orders
-                .iter()
-                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
-        )
-        .await?;
+    t.produce(&orders).await?;
     let result = Engine::new(t.config().on_error(ErrorPolicy::Stop))?
         .run(Picky::new(&t.output))
         .await;
@@ -395,14 +374,7 @@ async fn replayed_dead_letters_come_through_once_after_the_fix() -> TestResult {
             )
         })
         .collect();
-    s.kafka
-        .produce(
-            &s.input,
-            orders
-                .iter()
-                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
-        )
-        .await?;
+    s.produce(&orders).await?;
     let before = s.run(s.config()).await?;
     assert_eq!((before.outputs, before.dead_lettered), (36, 4));
 
@@ -433,14 +405,7 @@ async fn replayed_dead_letters_come_through_once_after_the_fix() -> TestResult {
     caught_up?;
     assert_eq!((after.outputs, after.dead_lettered), (4, 0));
 
-    let outputs = s
-        .kafka
-        .read_to_end(&s.output, Isolation::ReadCommitted)
-        .await?;
-    let mut ids: Vec<String> = outputs
-        .iter()
-        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()))
-        .collect::<Result<_, _>>()?;
+    let mut ids: Vec<String> = s.output_ids().await?;
     ids.sort();
     let mut expected: Vec<String> = orders.iter().map(|o| o.id.clone()).collect();
     expected.sort();
@@ -471,14 +436,7 @@ async fn an_output_too_large_for_the_producer_or_the_topic_dead_letters_its_inpu
         order(1, Behaviour::Huge(1_500_000)),
         order(2, Behaviour::Fine),
     ];
-    s.kafka
-        .produce(
-            &s.input,
-            orders
-                .iter()
-                .map(|o| OutgoingRecord::keyed(o.key.clone(), json(o))),
-        )
-        .await?;
+    s.produce(&orders).await?;
     let stats = s.run(s.config()).await?;
     assert_eq!(
         (stats.outputs, stats.dead_lettered, stats.aborts),
