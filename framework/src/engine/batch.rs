@@ -186,6 +186,15 @@ impl Batch<'_> {
         }
 
         crash_point!("onceflow-before-send-offsets");
+        // An abortable failure on demand, for the tests of the abort-and-go-on path.
+        #[cfg(feature = "failpoints")]
+        if fail::eval("onceflow-fail-batch", |_| ()).is_some() {
+            return Err(Error::Timeout {
+                what: "the batch (failpoint onceflow-fail-batch)".into(),
+                after: Duration::ZERO,
+                detail: "injected failure".into(),
+            });
+        }
         match config.delivery {
             DeliveryMode::ExactlyOnce => {
                 self.producer

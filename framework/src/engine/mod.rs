@@ -43,6 +43,11 @@ use crate::{Error, Result};
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
+/// Named points (feature `failpoints`): `onceflow-after-process`, `onceflow-after-produce`,
+/// `onceflow-before-send-offsets`, `onceflow-before-commit`,
+/// `onceflow-after-commit-before-apply` and `onceflow-during-replay` crash the process;
+/// `onceflow-fail-batch` fails the batch with a retriable error instead.
+///
 /// Crashes the process at a named point when the failpoint is configured (feature
 /// `failpoints`; e.g. `FAILPOINTS=onceflow-before-commit=3*off->return` crashes at the
 /// fourth pass). A crash is `abort()`: no destructor, no flush, like a power cut.
