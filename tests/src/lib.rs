@@ -84,3 +84,51 @@ pub fn set_of<'a>(lists: impl IntoIterator<Item = &'a [String]>) -> BTreeSet<Str
 pub mod child;
 pub mod poison;
 pub mod sum;
+
+/// What one engine test needs on the broker: its own input and output topics, group and
+/// state directory.
+#[derive(Debug)]
+pub struct Operator {
+    /// The shared broker.
+    pub kafka: &'static Kafka,
+    /// Input topic.
+    pub input: String,
+    /// Output topic.
+    pub output: String,
+    /// Consumer group.
+    pub group: String,
+    /// State directory root (removed when dropped).
+    pub state: tempfile::TempDir,
+}
+
+impl Operator {
+    /// Fresh names for `name`, and input and output topics with `partitions` partitions.
+    pub async fn new(name: &str, partitions: i32) -> Result<Self, Box<dyn std::error::Error>> {
+        let kafka = onceflow::testkit::kafka().await;
+        let input = onceflow::testkit::unique_name(&format!("{name}-in"));
+        let output = onceflow::testkit::unique_name(&format!("{name}-out"));
+        kafka.create_topic(&input, partitions).await?;
+        kafka.create_topic(&output, partitions).await?;
+        Ok(Operator {
+            kafka,
+            input,
+            output,
+            group: onceflow::testkit::unique_name(name),
+            state: tempfile::tempdir()?,
+        })
+    }
+
+    /// An engine configuration for instance `instance` of this operator (a short session
+    /// timeout, so the tests see dead instances replaced quickly).
+    pub fn config(&self, instance: &str) -> onceflow::EngineConfig {
+        onceflow::EngineConfig::new(
+            self.kafka.bootstrap_servers(),
+            &self.group,
+            instance,
+            &self.input,
+            self.state.path(),
+        )
+        .output(&self.output)
+        .kafka("session.timeout.ms", "6000")
+    }
+}

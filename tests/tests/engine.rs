@@ -4,20 +4,23 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use onceflow::testkit::{self, Isolation, Kafka};
+use onceflow::testkit::{self, Isolation};
 use onceflow::{DeliveryMode, Engine, EngineConfig, Error, StatsSnapshot};
+use onceflow_e2e::Operator;
 use onceflow_e2e::sum::{self, Amount, Sum};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const WITHIN: Duration = Duration::from_secs(60);
 
-struct Setup {
-    kafka: &'static Kafka,
-    input: String,
-    output: String,
-    group: String,
-    state: tempfile::TempDir,
+/// The operator under test, with this file's helpers.
+struct Setup(Operator);
+
+impl std::ops::Deref for Setup {
+    type Target = Operator;
+    fn deref(&self) -> &Operator {
+        &self.0
+    }
 }
 
 async fn setup(name: &str, partitions: i32) -> Result<Setup, Box<dyn std::error::Error>> {
@@ -25,33 +28,10 @@ async fn setup(name: &str, partitions: i32) -> Result<Setup, Box<dyn std::error:
         .with_test_writer()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
-    let kafka = testkit::kafka().await;
-    let input = testkit::unique_name(&format!("{name}-in"));
-    let output = testkit::unique_name(&format!("{name}-out"));
-    kafka.create_topic(&input, partitions).await?;
-    kafka.create_topic(&output, partitions).await?;
-    Ok(Setup {
-        kafka,
-        input,
-        output,
-        group: testkit::unique_name(name),
-        state: tempfile::tempdir()?,
-    })
+    Ok(Setup(Operator::new(name, partitions).await?))
 }
 
 impl Setup {
-    fn config(&self, instance: &str) -> EngineConfig {
-        EngineConfig::new(
-            self.kafka.bootstrap_servers(),
-            &self.group,
-            instance,
-            &self.input,
-            self.state.path(),
-        )
-        .output(&self.output)
-        .kafka("session.timeout.ms", "6000")
-    }
-
     /// Runs an engine until `outputs` outputs are visible and its group has committed
     /// every input offset, then stops it gracefully.
     async fn run_until(

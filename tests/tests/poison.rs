@@ -4,48 +4,32 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use onceflow::testkit::{self, Isolation, Kafka, OutgoingRecord, Record};
+use onceflow::testkit::{self, Isolation, OutgoingRecord, Record};
 use onceflow::{Engine, EngineConfig, ErrorPolicy, StatsSnapshot};
+use onceflow_e2e::Operator;
 use onceflow_e2e::poison::{Behaviour, Order, Picky};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const WITHIN: Duration = Duration::from_secs(120);
 
-struct Setup {
-    kafka: &'static Kafka,
-    input: String,
-    output: String,
-    group: String,
-    state: tempfile::TempDir,
+/// The operator under test, with this file's helpers.
+struct Setup(Operator);
+
+impl std::ops::Deref for Setup {
+    type Target = Operator;
+    fn deref(&self) -> &Operator {
+        &self.0
+    }
 }
 
 async fn setup(name: &str, partitions: i32) -> Result<Setup, Box<dyn std::error::Error>> {
-    let kafka = testkit::kafka().await;
-    let input = testkit::unique_name(&format!("{name}-in"));
-    let output = testkit::unique_name(&format!("{name}-out"));
-    kafka.create_topic(&input, partitions).await?;
-    kafka.create_topic(&output, partitions).await?;
-    Ok(Setup {
-        kafka,
-        input,
-        output,
-        group: testkit::unique_name(name),
-        state: tempfile::tempdir()?,
-    })
+    Ok(Setup(Operator::new(name, partitions).await?))
 }
 
 impl Setup {
     fn config(&self) -> EngineConfig {
-        EngineConfig::new(
-            self.kafka.bootstrap_servers(),
-            &self.group,
-            "a",
-            &self.input,
-            self.state.path(),
-        )
-        .output(&self.output)
-        .kafka("session.timeout.ms", "6000")
+        self.0.config("a")
     }
 
     fn dlq(&self) -> String {
@@ -459,13 +443,13 @@ async fn an_output_too_large_for_the_producer_or_the_topic_dead_letters_its_inpu
 
     // Over the topic's own, smaller limit: 60 kB does not fit in 50 kB, 10 kB does.
     let kafka = testkit::kafka().await;
-    let t = Setup {
+    let t = Setup(Operator {
         kafka,
         input: testkit::unique_name("poison-small-in"),
         output: testkit::unique_name("poison-small-out"),
         group: testkit::unique_name("poison-small"),
         state: tempfile::tempdir()?,
-    };
+    });
     kafka.create_topic(&t.input, 1).await?;
     kafka
         .create_topic_with(&t.output, 1, &[("max.message.bytes", "50000")])
