@@ -26,6 +26,8 @@ mod error;
 mod event;
 mod kafka;
 mod processor;
+#[cfg(feature = "runner")]
+mod runner;
 mod txlog;
 
 #[cfg(feature = "testkit")]
@@ -34,12 +36,14 @@ pub mod testkit;
 pub use async_trait::async_trait;
 pub use config::{DeliveryMode, EngineConfig, ErrorPolicy};
 pub use dlq::{DeadLetterReplay, ReplaySummary};
-pub use engine::{Engine, Shutdown, Stats, StatsSnapshot};
+pub use engine::{Engine, Phase, Shutdown, Stats, StatsSnapshot};
 pub use error::{Error, ErrorClass, Result};
 pub use event::{Codec, Event, EventId, Json};
 #[cfg(feature = "derive")]
 pub use onceflow_macros::{Event, Processor};
 pub use processor::{Context, Processor, RecordMeta, State};
+#[cfg(feature = "runner")]
+pub use runner::{run, run_with_args};
 
 /// What the derive macros expand to. Not public API: it may change in any release.
 #[doc(hidden)]

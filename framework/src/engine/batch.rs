@@ -195,6 +195,7 @@ impl Batch<'_> {
                 detail: "injected failure".into(),
             });
         }
+        let committing = std::time::Instant::now();
         match config.delivery {
             DeliveryMode::ExactlyOnce => {
                 self.producer
@@ -214,6 +215,7 @@ impl Batch<'_> {
             DeliveryMode::AtMostOnce => self.producer.flush().await?,
         }
         crash_point!("onceflow-after-commit-before-apply");
+        metrics::histogram!("onceflow_commit_seconds").record(committing.elapsed().as_secs_f64());
 
         // Committed: the outputs and changelog records are acknowledged; learn where the
         // changelog records landed, so replay knows where to start next time.
@@ -248,6 +250,7 @@ impl Batch<'_> {
         Stats::add(&self.stats.dead_lettered, failed.dead_lettered);
         Stats::add(&self.stats.skipped, failed.skipped);
         Stats::add(&self.stats.commits, 1);
+        metrics::histogram!("onceflow_batch_records").record(records.len() as f64);
         tracing::debug!(
             records = records.len(),
             outputs,

@@ -32,7 +32,9 @@ mod stats;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-pub use stats::{Shutdown, Stats, StatsSnapshot};
+use tracing::Instrument;
+
+pub use stats::{Phase, Shutdown, Stats, StatsSnapshot};
 
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::kafka::{self, ClientOptions, InputConsumer, Isolation, OutputProducer, Rebalanced};
@@ -185,6 +187,7 @@ impl Engine {
                         }
                     }
                     Rebalanced::Assigned(partitions) => {
+                        self.stats.set_phase(Phase::Replaying);
                         for partition in partitions {
                             let replayed = retry_transient("replay the changelog", || {
                                 recovery::replay(
@@ -208,6 +211,7 @@ impl Engine {
             if let Some(error) = replay_failed {
                 break Err(error);
             }
+            self.stats.set_phase(Phase::Running);
             if polled.records.is_empty() {
                 continue;
             }
@@ -221,7 +225,12 @@ impl Engine {
                 changelog: &changelog,
                 output_limits: &output_limits,
             };
-            match step.run(&mut processor, polled.records).await {
+            let span = tracing::info_span!("batch", records = polled.records.len());
+            match step
+                .run(&mut processor, polled.records)
+                .instrument(span)
+                .await
+            {
                 Ok(()) => {}
                 Err(error) => {
                     Stats::add(&self.stats.aborts, 1);
@@ -249,6 +258,7 @@ impl Engine {
             tracing::warn!(%error, "leaving the group failed");
         }
         drop(producer);
+        self.stats.set_phase(Phase::Stopped);
         let snapshot = self.stats.snapshot();
         tracing::info!(?snapshot, result = ?outcome.as_ref().map(|_| ()), "engine stopped");
         outcome.map(|()| snapshot)

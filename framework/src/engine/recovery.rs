@@ -130,7 +130,8 @@ pub(crate) async fn replay(
         let checkpoint = txlog.checkpoint(partition)?;
         let started = std::time::Instant::now();
         let mut replayed = 0u64;
-        let mut apply = |records: Vec<kafka::Record>| -> Result<()> {
+        let remaining = metrics::gauge!("onceflow_replay_remaining_records", "partition" => partition.to_string());
+        let mut apply = |records: Vec<kafka::Record>, end: i64| -> Result<()> {
             crate::engine::crash_point!("onceflow-during-replay");
             let Some(last) = records.last().map(|r| r.offset) else { return Ok(()) };
             let changes = records
@@ -146,7 +147,8 @@ pub(crate) async fn replay(
             txlog.apply(&[(partition, changes, Some(last + 1))])?;
             replayed += records.len() as u64;
             Stats::add(&stats.replayed_records, records.len() as u64);
-            tracing::info!(partition, replayed, "replaying the changelog");
+            remaining.set((end - last - 1).max(0) as f64);
+            tracing::info!(partition, replayed, at = last + 1, end, "replaying the changelog");
             Ok(())
         };
         let read = kafka::read_partition(
@@ -180,6 +182,7 @@ pub(crate) async fn replay(
         if txlog.checkpoint(partition)? != Some(end) {
             txlog.apply(&[(partition, Vec::new(), Some(end))])?;
         }
+        remaining.set(0.0);
         tracing::info!(partition, replayed, end, elapsed = ?started.elapsed(), "changelog replayed");
         Ok(())
     })

@@ -1,7 +1,7 @@
 //! Counters the engine keeps, readable while it runs.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 /// Live counters of one engine.
 #[derive(Debug, Default)]
@@ -15,6 +15,21 @@ pub struct Stats {
     pub(crate) expired_entries: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) skipped: AtomicU64,
+    phase: AtomicU8,
+}
+
+/// Where an engine is in its life, for readiness checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Phase {
+    /// Opening the transaction log, checking topics, joining the group.
+    Starting,
+    /// Replaying the changelog of partitions it was given: not processing yet.
+    Replaying,
+    /// Processing.
+    Running,
+    /// Stopped, as asked or on an error.
+    Stopped,
 }
 
 /// A copy of [`Stats`] at one moment.
@@ -56,6 +71,26 @@ impl Stats {
             dead_lettered: get(&self.dead_lettered),
             skipped: get(&self.skipped),
         }
+    }
+
+    /// Where the engine is: ready to process only in [`Phase::Running`].
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::SeqCst) {
+            0 => Phase::Starting,
+            1 => Phase::Replaying,
+            2 => Phase::Running,
+            _ => Phase::Stopped,
+        }
+    }
+
+    pub(crate) fn set_phase(&self, phase: Phase) {
+        let value = match phase {
+            Phase::Starting => 0,
+            Phase::Replaying => 1,
+            Phase::Running => 2,
+            Phase::Stopped => 3,
+        };
+        self.phase.store(value, Ordering::SeqCst);
     }
 
     pub(crate) fn add(counter: &AtomicU64, n: u64) {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Offset, Statistics, TopicPartitionList};
 
 use super::{ClientOptions, Isolation, Record, blocking, kafka_error, types::to_record};
 use crate::Result;
@@ -30,7 +30,35 @@ pub(crate) struct RebalanceLog {
     events: Mutex<Vec<Rebalanced>>,
 }
 
-impl ClientContext for RebalanceLog {}
+impl ClientContext for RebalanceLog {
+    /// librdkafka's statistics (every `statistics.interval.ms`) give each assigned
+    /// partition's consumer lag: the last stable offset less the next offset the engine
+    /// takes. Offsets commit through the producer's transaction, which librdkafka's own
+    /// `consumer_lag` (based on the consumer's commits) does not see.
+    fn stats(&self, statistics: Statistics) {
+        for topic in statistics.topics.values() {
+            for (partition, stats) in &topic.partitions {
+                if *partition < 0 {
+                    continue;
+                }
+                let end = if stats.ls_offset >= 0 {
+                    stats.ls_offset
+                } else {
+                    stats.hi_offset
+                };
+                let next = if stats.app_offset >= 0 {
+                    stats.app_offset
+                } else {
+                    stats.committed_offset
+                };
+                if end >= 0 && next >= 0 {
+                    metrics::gauge!("onceflow_consumer_lag", "partition" => partition.to_string())
+                        .set((end - next).max(0) as f64);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for RebalanceLog {
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -58,6 +86,16 @@ impl RebalanceLog {
     fn take(&self) -> Vec<Rebalanced> {
         std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()))
     }
+}
+
+/// Statistics feed the lag metric every 5 s, unless the user chose another interval.
+fn statistics_interval(options: &ClientOptions) -> &str {
+    options
+        .properties
+        .iter()
+        .rev()
+        .find(|(key, _)| key == "statistics.interval.ms")
+        .map_or("5000", |(_, value)| value.as_str())
 }
 
 fn partitions(list: &TopicPartitionList) -> Vec<i32> {
@@ -109,6 +147,7 @@ impl InputConsumer {
                 ("auto.offset.reset", "earliest"),
                 ("isolation.level", isolation.as_config()),
                 ("partition.assignment.strategy", "range,roundrobin"),
+                ("statistics.interval.ms", statistics_interval(options)),
             ])
             .create_with_context(RebalanceLog::default())
             .map_err(|e| kafka_error(format!("create the consumer of `{topic}`"), e))?;

@@ -11,7 +11,8 @@ use crate::{Error, Result};
 
 /// Reads `topic` [`partition`] under `read_committed` from `from` (the beginning when
 /// `None`) to its last stable offset, handing records to `apply` in chunks of at most
-/// `chunk` records. Blocking: call it inside [`super::blocking`].
+/// `chunk` records, with the partition's last stable offset at the start (for progress).
+/// Blocking: call it inside [`super::blocking`].
 ///
 /// Returns the next offset to read after what was read. A checkpoint past the end of the
 /// partition (the topic was recreated or truncated) is [`Error::Corrupt`].
@@ -22,7 +23,7 @@ pub(crate) fn read_partition(
     from: Option<i64>,
     chunk: usize,
     timeout: Duration,
-    mut apply: impl FnMut(Vec<Record>) -> Result<()>,
+    mut apply: impl FnMut(Vec<Record>, i64) -> Result<()>,
 ) -> Result<i64> {
     let operation = format!("replay `{topic}` [{partition}]");
     let consumer: BaseConsumer = options
@@ -82,7 +83,7 @@ pub(crate) fn read_partition(
                 pending.push(record);
                 last_progress = Instant::now();
                 if pending.len() >= chunk {
-                    apply(std::mem::take(&mut pending))?;
+                    apply(std::mem::take(&mut pending), high)?;
                 }
             }
             Some(Err(KafkaError::PartitionEOF(_))) => break,
@@ -98,7 +99,7 @@ pub(crate) fn read_partition(
         }
     }
     if !pending.is_empty() {
-        apply(pending)?;
+        apply(pending, high)?;
     }
     // The position after end-of-partition may lie past the last record (commit markers).
     if let Ok(position) = consumer.position()

@@ -329,12 +329,18 @@ async fn container_log_tail(container: &ContainerAsync<GenericImage>, lines: usi
 /// remove it when the process exits.
 fn register_removal_at_exit() {
     extern "C" fn remove_container() {
+        // On a thread of its own: when `main` returns (rather than the test harness
+        // calling `exit`), the main thread's thread-locals, tokio's among them, are
+        // already gone by the time exit handlers run.
         let _ = std::panic::catch_unwind(|| {
-            DOCKER.block_on(async {
-                if let Some(container) = CONTAINER.lock().await.take() {
-                    let _ = container.rm().await;
-                }
+            let removal = std::thread::spawn(|| {
+                DOCKER.block_on(async {
+                    if let Some(container) = CONTAINER.lock().await.take() {
+                        let _ = container.rm().await;
+                    }
+                });
             });
+            let _ = removal.join();
         });
     }
     static REGISTERED: std::sync::Once = std::sync::Once::new();

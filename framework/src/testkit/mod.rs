@@ -52,6 +52,23 @@ pub struct Kafka {
 }
 
 impl Kafka {
+    /// A handle on a broker that is already running (nothing is started or checked).
+    pub fn connect(bootstrap_servers: impl Into<String>) -> Kafka {
+        Kafka {
+            options: ClientOptions::new(bootstrap_servers),
+            broker: broker::Broker::External,
+        }
+    }
+
+    /// Whether `topic` exists.
+    pub async fn topic_exists(&self, topic: &str) -> Result<bool> {
+        Ok(
+            client::partition_count(&self.options, topic, DEFAULT_TIMEOUT)
+                .await?
+                .is_some(),
+        )
+    }
+
     /// `host:port` to give clients as `bootstrap.servers`.
     pub fn bootstrap_servers(&self) -> &str {
         &self.options.bootstrap_servers

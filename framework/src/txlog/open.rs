@@ -56,6 +56,48 @@ impl TxLog {
     }
 }
 
+impl TxLog {
+    /// Opens an existing `dir/txlog.redb` to read it (for `inspect`): nothing is created,
+    /// moved aside or repaired, and a file in use by a running instance is refused.
+    #[cfg(feature = "runner")]
+    pub(crate) fn open_read_only(dir: &Path) -> Result<TxLog> {
+        let path = dir.join(TXLOG_FILE);
+        if !path.exists() {
+            return Err(Error::State {
+                path,
+                message: "no transaction log here: check state_dir, group and instance_id \
+                          (the log is <state_dir>/<group>/<instance_id>/txlog.redb)"
+                    .into(),
+            });
+        }
+        let opened = panic::catch_unwind(AssertUnwindSafe(|| Builder::new().open(&path)));
+        match opened {
+            Ok(Ok(db)) => Ok(TxLog { db, path }),
+            Ok(Err(err)) => match redb::Error::from(err) {
+                err if matches!(classify(&err), Failure::Locked) => Err(Error::State {
+                    path,
+                    message: "the file is in use: stop the instance first (or inspect a copy)"
+                        .into(),
+                }),
+                err => Err(Error::State {
+                    path,
+                    message: format!(
+                        "redb cannot read it ({err}); the engine will move it aside and \
+                         rebuild it from the changelog at its next start"
+                    ),
+                }),
+            },
+            Err(payload) => Err(Error::State {
+                path,
+                message: format!(
+                    "redb panicked reading it ({}); the engine will rebuild it at its next start",
+                    panic_message(payload.as_ref())
+                ),
+            }),
+        }
+    }
+}
+
 /// The outcome of one try at opening the file.
 enum Attempt {
     /// Open, with the current format.
