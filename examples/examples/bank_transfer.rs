@@ -1,0 +1,94 @@
+//! Transfer requests in, debit and credit entries out, balances in state.
+//!
+//! A ledger's accounts live on one partition (requests are keyed by `ledger`), so a
+//! transfer reads and changes both balances in one step. The invariants, exactly once:
+//! money is only created by deposits (`from: null`) and otherwise moves without loss,
+//! no transfer is applied twice however often it is delivered, and no balance goes
+//! below zero: a transfer the balance does not cover is rejected, not applied.
+use onceflow::{Context, Event, Processor, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+pub struct TransferRequest {
+    #[event(id)]
+    pub id: String,
+    #[event(key)]
+    pub ledger: String,
+    /// `None` for a deposit from outside the ledger.
+    pub from: Option<String>,
+    pub to: String,
+    pub amount_cents: i64,
+}
+
+/// One side of an applied transfer: `change` is negative for a debit.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Entry {
+    pub transfer: String,
+    pub account: String,
+    pub change: i64,
+    pub balance: i64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Rejection {
+    pub transfer: String,
+    pub reason: String,
+}
+
+#[derive(Processor, Debug)]
+#[processor(name = "bank-transfer", input = "transfer-requests", input_type = TransferRequest,
+            outputs = ["ledger-entries", "rejected-transfers"])]
+pub struct Bank;
+
+impl Bank {
+    async fn handle(&mut self, request: TransferRequest, ctx: &mut Context<'_>) -> Result<()> {
+        let key = |account: &str| format!("{}/{account}", request.ledger);
+        if request.amount_cents <= 0 || request.from.as_deref() == Some(request.to.as_str()) {
+            let reason = "the amount must be positive and the accounts different".to_owned();
+            return reject(ctx, request, reason);
+        }
+        let mut entries = Vec::new();
+        if let Some(from) = &request.from {
+            let balance = ctx.state().get::<i64>(&key(from))?.unwrap_or(0);
+            if balance < request.amount_cents {
+                let reason = format!("{from} has {balance}, less than {}", request.amount_cents);
+                return reject(ctx, request, reason);
+            }
+            entries.push((
+                from.clone(),
+                -request.amount_cents,
+                balance - request.amount_cents,
+            ));
+        }
+        let balance = ctx.state().get::<i64>(&key(&request.to))?.unwrap_or(0);
+        entries.push((
+            request.to.clone(),
+            request.amount_cents,
+            balance + request.amount_cents,
+        ));
+        for (account, change, balance) in entries {
+            ctx.state().put(&key(&account), &balance)?;
+            let entry = Entry {
+                transfer: request.id.clone(),
+                account,
+                change,
+                balance,
+            };
+            ctx.emit("ledger-entries", &request.ledger, &entry)?;
+        }
+        Ok(())
+    }
+}
+
+fn reject(ctx: &mut Context<'_>, request: TransferRequest, reason: String) -> Result<()> {
+    let rejection = Rejection {
+        transfer: request.id,
+        reason,
+    };
+    ctx.emit("rejected-transfers", &request.ledger, &rejection)
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    onceflow::run(Bank).await
+}

@@ -1,0 +1,51 @@
+//! Lines in, a running count per word out: the hello-world of stream processing.
+//!
+//! Counts live in the processor's state, which is scoped to an input partition: produce
+//! lines keyed by what should be counted together (a document, a source), or use a
+//! one-partition `lines` topic for one global count. Lines need no ID: a record is then
+//! deduplicated by its offset (redelivery after a crash), or by the `onceflow-event-id`
+//! header when the producer sets one.
+use onceflow::{Context, Event, Processor, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Event, Deserialize, Debug)]
+pub struct Line {
+    pub text: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+pub struct WordCount {
+    pub word: String,
+    pub count: u64,
+}
+
+#[derive(Processor, Debug)]
+#[processor(name = "word-count", input = "lines", input_type = Line, outputs = ["word-counts"])]
+pub struct WordCounter;
+
+impl WordCounter {
+    async fn handle(&mut self, line: Line, ctx: &mut Context<'_>) -> Result<()> {
+        let words = line
+            .text
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty());
+        for word in words.map(str::to_lowercase) {
+            let count = ctx.state().get::<u64>(&word)?.unwrap_or(0) + 1;
+            ctx.state().put(&word, &count)?;
+            ctx.emit(
+                "word-counts",
+                &word,
+                &WordCount {
+                    word: word.clone(),
+                    count,
+                },
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    onceflow::run(WordCounter).await
+}
