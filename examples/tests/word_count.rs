@@ -46,9 +46,22 @@ async fn every_word_is_counted_once_through_a_kill() {
     let run = deployment.start();
     deployment.wait_for("lines", 150, &run).await;
     run.kill().await;
-    let run = deployment.start();
+    let run = deployment.start_with(&["--log-format", "json"]);
     deployment.wait_for("lines", 400, &run).await;
     assert!(run.terminate().await.success());
+
+    // The restarted instance logged JSON, one object per line.
+    let log = std::fs::read_to_string(&deployment.log).expect("log");
+    let json: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        json.iter()
+            .any(|v| v["message"] == "engine started" && v["level"] == "INFO"),
+        "no JSON `engine started` line in:\n{log}"
+    );
 
     let counts: Vec<WordCount> = committed_values(kafka, "word-counts").await;
     let mut last: BTreeMap<&str, u64> = BTreeMap::new();

@@ -235,7 +235,13 @@ impl Deployment {
 
     /// Starts an instance, with small batches and a metrics endpoint.
     pub fn start(&self) -> Running {
+        self.start_with(&[])
+    }
+
+    /// [`Deployment::start`] with `extra` arguments.
+    pub fn start_with(&self, extra: &[&str]) -> Running {
         let mut args = self.instance_args();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         args.extend([
             "--max-batch-records".into(),
             self.max_batch_records.to_string(),

@@ -388,7 +388,10 @@ impl Batch<'_> {
             ErrorPolicy::Stop => return Err(error),
             ErrorPolicy::Skip => {
                 failed.skipped += 1;
-                tracing::warn!(%error, class, partition = record.partition, offset = record.offset, "record skipped");
+                // Rate-limited like dead letters: a poison flood must not flood the logs.
+                if failed.skipped <= 10 || failed.skipped.is_power_of_two() {
+                    tracing::warn!(%error, class, partition = record.partition, offset = record.offset, skipped = failed.skipped, "record skipped");
+                }
             }
             ErrorPolicy::DeadLetter => {
                 let topic = config.dead_letter_topic();
