@@ -68,6 +68,9 @@ impl std::str::FromStr for ErrorPolicy {
     }
 }
 
+/// librdkafka's default `max.poll.interval.ms`.
+const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
+
 /// Everything the engine needs to run one instance of an operator.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -215,6 +218,15 @@ impl EngineConfig {
             .unwrap_or_else(|| format!("{}-txlog", self.group))
     }
 
+    /// The value of librdkafka property `key` in `kafka_properties` (the last one set).
+    pub fn kafka_property(&self, key: &str) -> Option<&str> {
+        self.kafka_properties
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, value)| value.as_str())
+    }
+
     /// The producer's transactional ID.
     pub fn transactional_id(&self) -> String {
         format!("{}-{}", self.group, self.instance_id)
@@ -272,12 +284,20 @@ impl EngineConfig {
         if self.max_attempts == 0 {
             bad("max_attempts", "0".into(), "a whole number of at least 1");
         }
-        // A retry wait happens inside the open transaction: keep it well inside its bound.
-        if self.max_retry_time >= self.transaction_timeout / 2 {
+        // Retry waits hold no transaction open, but they do keep the consumer from polling:
+        // keep them well inside `max.poll.interval.ms`, or the group evicts the instance.
+        let poll_interval = self
+            .kafka_property("max.poll.interval.ms")
+            .and_then(|value| value.parse().ok())
+            .map_or(DEFAULT_MAX_POLL_INTERVAL, Duration::from_millis);
+        if self.max_retry_time >= poll_interval / 2 {
             bad(
                 "max_retry_time",
                 format!("{:?}", self.max_retry_time),
-                "less than half the transaction timeout (retries wait inside the open transaction)",
+                &format!(
+                    "less than half of max.poll.interval.ms ({poll_interval:?}): no poll happens \
+                     while a record waits for its next attempt"
+                ),
             );
         }
         if self.dedup_window.is_zero() {
@@ -350,6 +370,25 @@ mod tests {
                 "isolation.level"
             ]
         );
+    }
+
+    #[test]
+    fn retry_time_is_bounded_by_the_poll_interval_not_the_transaction_timeout() {
+        let base = EngineConfig::new("k:9092", "billing", "a", "orders", "/tmp/s");
+        // Waits hold no transaction open: longer than the transaction timeout is fine…
+        let long = base.clone().retries(5, Duration::from_secs(100));
+        assert!(long.problems().is_empty(), "{:?}", long.problems());
+        // …but not half of max.poll.interval.ms (default 300 s, or the property's value).
+        assert_eq!(
+            base.clone()
+                .retries(5, Duration::from_secs(150))
+                .problems()
+                .len(),
+            1
+        );
+        let problems = long.kafka("max.poll.interval.ms", "60000").problems();
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].to_string().contains("60s"), "{}", problems[0]);
     }
 
     #[test]

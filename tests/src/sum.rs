@@ -215,7 +215,17 @@ pub async fn wait_for_caught_up(
     }
     let deadline = Instant::now() + within;
     loop {
-        let committed = kafka.committed_offsets(group, input).await?;
+        // A group coordinator that is still loading (a fresh broker's first groups)
+        // answers NotCoordinator for a moment: that is "not yet", not a failure.
+        let committed = match kafka.committed_offsets(group, input).await {
+            Ok(committed) => committed,
+            Err(error) if error.is_retriable() && Instant::now() < deadline => {
+                tracing::debug!(%error, "reading committed offsets; trying again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
         if ends
             .iter()
             .all(|(partition, end)| committed.get(partition) == Some(end))

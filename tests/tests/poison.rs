@@ -57,6 +57,19 @@ impl Setup {
             .collect::<Result<_, _>>()?)
     }
 
+    /// Orders o-0, o-1 and o-2 came out once each, in order, and nothing was
+    /// dead-lettered (not even in an aborted transaction).
+    async fn assert_all_out_none_dead(&self, stats: &StatsSnapshot) -> TestResult {
+        assert_eq!(self.output_ids().await?, ["o-0", "o-1", "o-2"]);
+        assert_eq!(stats.dead_lettered, 0);
+        let dead = self
+            .kafka
+            .read_to_end(&self.dlq(), Isolation::ReadUncommitted)
+            .await?;
+        assert!(dead.is_empty(), "{dead:?}");
+        Ok(())
+    }
+
     /// Runs until the group has committed the whole input, then stops.
     async fn run(&self, config: EngineConfig) -> Result<StatsSnapshot, Box<dyn std::error::Error>> {
         let engine = Engine::new(config)?;
@@ -205,16 +218,42 @@ async fn a_transient_failure_that_recovers_is_processed_once() -> TestResult {
     ];
     s.produce(&orders).await?;
     let stats = s.run(s.config()).await?;
-    let ids: Vec<String> = s.output_ids().await?;
-    assert_eq!(ids, ["o-0", "o-1", "o-2"]);
-    assert_eq!(stats.dead_lettered, 0);
-    assert!(
-        s.kafka
-            .read_to_end(&s.dlq(), Isolation::ReadUncommitted)
-            .await?
-            .is_empty()
-    );
-    Ok(())
+    s.assert_all_out_none_dead(&stats).await
+}
+
+/// 2b. A retry wait holds no transaction open: what came before the failing record
+///     commits before the wait, and waits longer than the transaction timeout do no harm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_wait_commits_what_came_before_and_holds_no_transaction_open() -> TestResult {
+    let s = setup("poison-transient-wait", 1).await?;
+    let orders = [
+        order(0, Behaviour::Fine),
+        // Nine waits of 20 ms doubling to 2 s: over 6 s in all, twice the timeout below.
+        order(1, Behaviour::Transient(10)),
+        order(2, Behaviour::Fine),
+    ];
+    s.produce(&orders).await?;
+    let mut config = s.config().retries(12, Duration::from_secs(60));
+    config.transaction_timeout = Duration::from_secs(3);
+    let first_seen = async {
+        let deadline = std::time::Instant::now() + WITHIN;
+        loop {
+            let ids = s.output_ids().await?;
+            if !ids.is_empty() {
+                return Ok::<_, Box<dyn std::error::Error>>(ids);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err("no output became visible".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (stats, first_seen) = tokio::join!(s.run(config), first_seen);
+    let (stats, first_seen) = (stats?, first_seen?);
+    // In one transaction with the retried record, o-0 would appear together with o-1.
+    assert_eq!(first_seen, ["o-0"], "o-0 commits before o-1's retries end");
+    assert_eq!(stats.aborts, 0, "no transaction outlived its timeout");
+    s.assert_all_out_none_dead(&stats).await
 }
 
 /// 3. A transient failure that never recovers is dead-lettered after the configured

@@ -45,123 +45,189 @@ pub(super) struct Batch<'a> {
 }
 
 impl Batch<'_> {
-    /// Processes `records` and commits the result. On error nothing of the batch is
-    /// committed (exactly-once) and the caller aborts and rewinds.
+    /// Processes `records` and commits the result. On error nothing of the uncommitted
+    /// part is committed (exactly-once) and the caller aborts and rewinds.
+    ///
+    /// In exactly-once mode a record that fails transiently splits the batch: what came
+    /// before it commits, the backoff wait runs with no transaction open, and a new
+    /// transaction takes the record's next attempt and the rest of the batch. So no wait
+    /// counts against `transaction.timeout.ms`, and finished work is not held back by it.
     pub(super) async fn run<P: Processor>(
         &self,
         processor: &mut P,
         records: Vec<kafka::Record>,
     ) -> Result<()> {
         let config = self.config;
-        let next_offsets = next_offsets(&records);
         match config.delivery {
             DeliveryMode::ExactlyOnce => self.producer.begin()?,
-            DeliveryMode::AtMostOnce => self.consumer.commit(next_offsets.clone()).await?,
+            DeliveryMode::AtMostOnce => self.consumer.commit(next_offsets(&records)).await?,
             DeliveryMode::AtLeastOnce => {}
         }
-
-        let now_ms = now_ms();
-        let mut overlay = Overlay::new();
-        let mut pending_outputs = Vec::new();
-        let mut duplicates = 0u64;
-        let mut failed = Failures::default();
-        for record in &records {
-            // A record that does not decode has no event ID to deduplicate by.
-            let input: P::Input = match decode(record) {
-                Ok(input) => input,
-                Err(error) => {
-                    self.fail(record, "decode", error, 1, &mut failed, now_ms)
-                        .await?;
-                    continue;
+        let mut part = Part::new();
+        let mut first = 0;
+        let mut index = 0;
+        let mut retry = Retry::new(config);
+        while let Some(record) = records.get(index) {
+            match self.step(processor, record, &mut part, &mut retry).await? {
+                Step::Next => {
+                    index += 1;
+                    retry = Retry::new(config);
                 }
-            };
-            let event_id = match self.event_id(&input, record) {
-                Ok(id) => id,
-                Err((class, error)) => {
-                    self.fail(record, class, error, 1, &mut failed, now_ms)
-                        .await?;
-                    continue;
-                }
-            };
-            if let Some(id) = &event_id
-                && (overlay.is_processed(record.partition, id)
-                    || self.txlog.is_processed(record.partition, id)?)
-            {
-                tracing::debug!(
-                    partition = record.partition,
-                    offset = record.offset,
-                    id,
-                    "duplicate skipped"
-                );
-                duplicates += 1;
-                continue;
-            }
-            let meta = RecordMeta {
-                topic: record.topic.clone(),
-                partition: record.partition,
-                offset: record.offset,
-                timestamp_ms: record.timestamp_ms,
-                headers: record.headers.clone(),
-                event_id: event_id.clone(),
-            };
-            let (outputs, writes) = match self
-                .process_one(processor, input, record, &meta, &overlay)
-                .await
-            {
-                Processed::Done(outputs, writes) => (outputs, writes),
-                Processed::Failed {
-                    class,
-                    error,
-                    attempts,
-                } => {
-                    if error.is_fatal() {
-                        return Err(error);
+                Step::Wait(delay) => {
+                    let done = &records[first..index];
+                    if done.is_empty() {
+                        self.producer.abort().await?;
+                    } else {
+                        self.commit(done, std::mem::replace(&mut part, Part::new()))
+                            .await?;
                     }
-                    self.fail(record, class, error, attempts, &mut failed, now_ms)
-                        .await?;
-                    continue;
+                    first = index;
+                    tracing::debug!(
+                        partition = record.partition,
+                        offset = record.offset,
+                        committed = done.len(),
+                        ?delay,
+                        "committed the records before a transient failure; waiting with no transaction open"
+                    );
+                    tokio::time::sleep(delay).await;
+                    self.producer.begin()?;
                 }
-            };
-            // librdkafka refuses a record over `message.max.bytes` when it is sent, which
-            // would fail the whole transaction again on every retry: check first, and treat
-            // it as this input's failure, before any of its outputs enters the transaction.
-            let limit = |topic: &str| self.output_limits.get(topic).copied().unwrap_or(usize::MAX);
-            if let Some(output) = outputs.iter().find(|o| o.size() > limit(&o.topic)) {
-                let error = Error::Encode {
-                    what: format!("a record for `{}`", output.topic),
-                    message: format!(
-                        "{} bytes, over the {} bytes the producer and the topic accept \
-                         (message.max.bytes, max.message.bytes)",
-                        output.size(),
-                        limit(&output.topic)
-                    ),
-                };
-                self.fail(record, "output-too-large", error, 1, &mut failed, now_ms)
-                    .await?;
-                continue;
-            }
-            crash_point!("onceflow-after-process");
-            merge(&mut overlay, writes);
-            for output in outputs {
-                pending_outputs.push(
-                    self.producer
-                        .send(
-                            &output.topic,
-                            None,
-                            output.key.as_deref(),
-                            Some(&output.value),
-                        )
-                        .await?,
-                );
-            }
-            crash_point!("onceflow-after-produce");
-            if let Some(id) = event_id {
-                overlay.mark_processed(record.partition, id, record.offset, now_ms);
             }
         }
-        let outputs = pending_outputs.len() as u64;
-        pending_outputs.append(&mut failed.pending);
-        self.expire(&mut overlay, &next_offsets, now_ms)?;
+        self.commit(&records[first..], part).await
+    }
+
+    /// Handles one record into `part`: skipped as a duplicate, processed, or failed per
+    /// `on_error`; or, in exactly-once mode, a transient failure to wait out and try again.
+    async fn step<P: Processor>(
+        &self,
+        processor: &mut P,
+        record: &kafka::Record,
+        part: &mut Part,
+        retry: &mut Retry,
+    ) -> Result<Step> {
+        let now_ms = part.now_ms;
+        // A record that does not decode has no event ID to deduplicate by.
+        let input: P::Input = match decode(record) {
+            Ok(input) => input,
+            Err(error) => {
+                self.fail(
+                    record,
+                    "decode",
+                    error,
+                    retry.attempt,
+                    &mut part.failed,
+                    now_ms,
+                )
+                .await?;
+                return Ok(Step::Next);
+            }
+        };
+        let event_id = match self.event_id(&input, record) {
+            Ok(id) => id,
+            Err((class, error)) => {
+                self.fail(record, class, error, 1, &mut part.failed, now_ms)
+                    .await?;
+                return Ok(Step::Next);
+            }
+        };
+        if let Some(id) = &event_id
+            && (part.overlay.is_processed(record.partition, id)
+                || self.txlog.is_processed(record.partition, id)?)
+        {
+            tracing::debug!(
+                partition = record.partition,
+                offset = record.offset,
+                id,
+                "duplicate skipped"
+            );
+            part.duplicates += 1;
+            return Ok(Step::Next);
+        }
+        let meta = RecordMeta {
+            topic: record.topic.clone(),
+            partition: record.partition,
+            offset: record.offset,
+            timestamp_ms: record.timestamp_ms,
+            headers: record.headers.clone(),
+            event_id: event_id.clone(),
+        };
+        let (outputs, writes) = match self
+            .process_one(processor, input, record, &meta, &part.overlay, retry)
+            .await
+        {
+            Processed::Done(outputs, writes) => (outputs, writes),
+            Processed::Wait(delay) => return Ok(Step::Wait(delay)),
+            Processed::Failed {
+                class,
+                error,
+                attempts,
+            } => {
+                if error.is_fatal() {
+                    return Err(error);
+                }
+                self.fail(record, class, error, attempts, &mut part.failed, now_ms)
+                    .await?;
+                return Ok(Step::Next);
+            }
+        };
+        // librdkafka refuses a record over `message.max.bytes` when it is sent, which
+        // would fail the whole transaction again on every retry: check first, and treat
+        // it as this input's failure, before any of its outputs enters the transaction.
+        let limit = |topic: &str| self.output_limits.get(topic).copied().unwrap_or(usize::MAX);
+        if let Some(output) = outputs.iter().find(|o| o.size() > limit(&o.topic)) {
+            let error = Error::Encode {
+                what: format!("a record for `{}`", output.topic),
+                message: format!(
+                    "{} bytes, over the {} bytes the producer and the topic accept \
+                     (message.max.bytes, max.message.bytes)",
+                    output.size(),
+                    limit(&output.topic)
+                ),
+            };
+            self.fail(
+                record,
+                "output-too-large",
+                error,
+                1,
+                &mut part.failed,
+                now_ms,
+            )
+            .await?;
+            return Ok(Step::Next);
+        }
+        crash_point!("onceflow-after-process");
+        merge(&mut part.overlay, writes);
+        for output in outputs {
+            part.outputs.push(
+                self.producer
+                    .send(
+                        &output.topic,
+                        None,
+                        output.key.as_deref(),
+                        Some(&output.value),
+                    )
+                    .await?,
+            );
+        }
+        crash_point!("onceflow-after-produce");
+        if let Some(id) = event_id {
+            part.overlay
+                .mark_processed(record.partition, id, record.offset, now_ms);
+        }
+        Ok(Step::Next)
+    }
+
+    /// Commits `records`, handled into `part`: outputs, changelog and offsets together (or
+    /// per the delivery mode), then applies the part to the transaction log.
+    async fn commit(&self, records: &[kafka::Record], mut part: Part) -> Result<()> {
+        let config = self.config;
+        let next_offsets = next_offsets(records);
+        let outputs = part.outputs.len() as u64;
+        let mut pending_outputs = std::mem::take(&mut part.outputs);
+        pending_outputs.append(&mut part.failed.pending);
+        let mut overlay = std::mem::take(&mut part.overlay);
+        self.expire(&mut overlay, &next_offsets, part.now_ms)?;
 
         let changes = if overlay.is_empty() {
             Vec::new()
@@ -245,16 +311,16 @@ impl Batch<'_> {
 
         Stats::add(&self.stats.records_in, records.len() as u64);
         Stats::add(&self.stats.outputs, outputs);
-        Stats::add(&self.stats.duplicates_skipped, duplicates);
+        Stats::add(&self.stats.duplicates_skipped, part.duplicates);
         Stats::add(&self.stats.expired_entries, expired);
-        Stats::add(&self.stats.dead_lettered, failed.dead_lettered);
-        Stats::add(&self.stats.skipped, failed.skipped);
+        Stats::add(&self.stats.dead_lettered, part.failed.dead_lettered);
+        Stats::add(&self.stats.skipped, part.failed.skipped);
         Stats::add(&self.stats.commits, 1);
         metrics::histogram!("onceflow_batch_records").record(records.len() as f64);
         tracing::debug!(
             records = records.len(),
             outputs,
-            duplicates,
+            duplicates = part.duplicates,
             "batch committed"
         );
         Ok(())
@@ -291,7 +357,9 @@ impl Batch<'_> {
 
     /// Runs the processor on one record. A transient failure is tried again, with
     /// exponential backoff and jitter, a fresh decode and nothing of the failed attempt
-    /// kept, within `max_attempts` and `max_retry_time`. A panic is a permanent failure.
+    /// kept, within `max_attempts` and `max_retry_time`: in exactly-once mode the wait is
+    /// returned (`Processed::Wait`) for the caller to take with no transaction open,
+    /// otherwise it is taken here. A panic is a permanent failure.
     async fn process_one<P: Processor>(
         &self,
         processor: &mut P,
@@ -299,18 +367,12 @@ impl Batch<'_> {
         record: &kafka::Record,
         meta: &RecordMeta,
         batch: &Overlay,
+        retry: &mut Retry,
     ) -> Processed {
         let config = self.config;
-        let started = std::time::Instant::now();
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(20))
-            .with_max_delay(Duration::from_secs(2))
-            .with_jitter()
-            .with_max_times(config.max_attempts.saturating_sub(1) as usize)
-            .build();
         let mut input = Some(input);
-        let mut attempt = 1;
         loop {
+            let attempt = retry.attempt;
             let this_input = match input.take() {
                 Some(input) => input,
                 None => match decode(record) {
@@ -356,20 +418,18 @@ impl Batch<'_> {
                     attempts: attempt,
                 };
             }
-            match delays.next() {
-                Some(delay) if started.elapsed() + delay <= config.max_retry_time => {
-                    tracing::warn!(%error, attempt, partition = meta.partition, offset = meta.offset, ?delay, "transient failure; trying again");
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
-                }
-                _ => {
-                    return Processed::Failed {
-                        class: "transient-exhausted",
-                        error,
-                        attempts: attempt,
-                    };
-                }
+            let Some(delay) = retry.next_delay(config.max_retry_time) else {
+                return Processed::Failed {
+                    class: "transient-exhausted",
+                    error,
+                    attempts: attempt,
+                };
+            };
+            tracing::warn!(%error, attempt, partition = meta.partition, offset = meta.offset, ?delay, "transient failure; trying again");
+            if config.delivery == DeliveryMode::ExactlyOnce {
+                return Processed::Wait(delay);
             }
+            tokio::time::sleep(delay).await;
         }
     }
 
@@ -465,11 +525,75 @@ impl Batch<'_> {
 /// What became of one record.
 enum Processed {
     Done(Vec<Output>, Overlay),
+    /// A transient failure with retry budget left: wait this long, then try again.
+    Wait(Duration),
     Failed {
         class: &'static str,
         error: Error,
         attempts: u32,
     },
+}
+
+/// What the batch loop does after a record.
+enum Step {
+    Next,
+    /// Commit what is done, wait this long with no transaction open, try the record again.
+    Wait(Duration),
+}
+
+/// The records of a batch handled since its last commit, and what they produced.
+struct Part {
+    overlay: Overlay,
+    outputs: Vec<Pending>,
+    duplicates: u64,
+    failed: Failures,
+    /// When the part started: the time of its dedup entries and expiries.
+    now_ms: i64,
+}
+
+impl Part {
+    fn new() -> Self {
+        Part {
+            overlay: Overlay::new(),
+            outputs: Vec::new(),
+            duplicates: 0,
+            failed: Failures::default(),
+            now_ms: now_ms(),
+        }
+    }
+}
+
+/// One record's retry budget: its attempts and the backoff between them.
+struct Retry {
+    /// The attempt about to be made (1 for the first).
+    attempt: u32,
+    started: std::time::Instant,
+    delays: backon::ExponentialBackoff,
+}
+
+impl Retry {
+    fn new(config: &EngineConfig) -> Self {
+        Retry {
+            attempt: 1,
+            started: std::time::Instant::now(),
+            delays: ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(20))
+                .with_max_delay(Duration::from_secs(2))
+                .with_jitter()
+                .with_max_times(config.max_attempts.saturating_sub(1) as usize)
+                .build(),
+        }
+    }
+
+    /// The wait before the next attempt, if the budget allows one (and counts it).
+    fn next_delay(&mut self, max_retry_time: Duration) -> Option<Duration> {
+        let delay = self.delays.next()?;
+        if self.started.elapsed() + delay > max_retry_time {
+            return None;
+        }
+        self.attempt += 1;
+        Some(delay)
+    }
 }
 
 /// Records of this batch that could not be processed.

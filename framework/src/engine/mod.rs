@@ -146,11 +146,8 @@ impl Engine {
         let changelog = config.changelog_topic();
         let declared: BTreeSet<String> = config.output_topics.iter().cloned().collect();
         let producer_limit = config
-            .kafka_properties
-            .iter()
-            .rev()
-            .find(|(key, _)| key == "message.max.bytes")
-            .and_then(|(_, value)| value.parse().ok())
+            .kafka_property("message.max.bytes")
+            .and_then(|value| value.parse().ok())
             .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
         let output_limits = recovery::output_limits(&options, &config, producer_limit).await?;
         tracing::info!(

@@ -822,7 +822,7 @@ mod tests {
 
     #[test]
     fn engine_level_problems_are_reported_too() {
-        let problems = resolve_args(&["--max-retry-time", "40s", "--group", "has space"])
+        let problems = resolve_args(&["--max-retry-time", "200s", "--group", "has space"])
             .expect_err("invalid");
         assert_eq!(keys_of(&problems), ["group", "max_retry_time"]);
     }
