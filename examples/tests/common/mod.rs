@@ -73,8 +73,8 @@ impl Running {
         self.child.wait().await.expect("wait");
     }
 
-    /// SIGTERM, then the exit status (within 30 s).
-    pub async fn terminate(mut self) -> ExitStatus {
+    /// Sends SIGTERM and returns at once.
+    pub async fn signal_term(&self) {
         let pid = self.child.id().expect("running");
         let sent = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -82,6 +82,11 @@ impl Running {
             .await
             .expect("kill -TERM");
         assert!(sent.success());
+    }
+
+    /// SIGTERM, then the exit status (within 30 s).
+    pub async fn terminate(mut self) -> ExitStatus {
+        self.signal_term().await;
         tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .unwrap_or_else(|_| panic!("no exit within 30 s of SIGTERM; log:\n{}", self.log_text()))
