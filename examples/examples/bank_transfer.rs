@@ -74,7 +74,7 @@ impl Bank {
                 change,
                 balance,
             };
-            ctx.emit("ledger-entries", &request.ledger, &entry)?;
+            ctx.emit(Self::LEDGER_ENTRIES, &request.ledger, &entry)?;
         }
         Ok(())
     }
@@ -85,7 +85,7 @@ fn reject(ctx: &mut Context<'_>, request: TransferRequest, reason: String) -> Re
         transfer: request.id,
         reason,
     };
-    ctx.emit("rejected-transfers", &request.ledger, &rejection)
+    ctx.emit(Bank::REJECTED_TRANSFERS, &request.ledger, &rejection)
 }
 
 #[tokio::main]

@@ -36,7 +36,7 @@ impl Billing {
             amount_cents: order.amount_cents,
             customer_total_cents: total,
         };
-        ctx.emit("invoices", &order.customer, &invoice)
+        ctx.emit(Self::INVOICES, &order.customer, &invoice)
     }
 }
 

@@ -33,7 +33,7 @@ impl WordCounter {
             let count = ctx.state().get::<u64>(&word)?.unwrap_or(0) + 1;
             ctx.state().put(&word, &count)?;
             ctx.emit(
-                "word-counts",
+                Self::WORD_COUNTS,
                 &word,
                 &WordCount {
                     word: word.clone(),

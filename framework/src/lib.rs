@@ -41,7 +41,7 @@ pub use error::{Error, ErrorClass, Result};
 pub use event::{Codec, Event, EventId, Json};
 #[cfg(feature = "derive")]
 pub use onceflow_macros::{Event, Processor};
-pub use processor::{Context, Processor, RecordMeta, State};
+pub use processor::{Context, Processor, RecordMeta, State, Topic};
 #[cfg(feature = "runner")]
 pub use runner::{run, run_with_args};
 
@@ -49,7 +49,7 @@ pub use runner::{run, run_with_args};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::event::{Event, EventId};
-    pub use crate::processor::{Context, Processor};
+    pub use crate::processor::{Context, Processor, Topic};
     pub use crate::{Error, Result};
     pub use async_trait::async_trait;
     pub use std::option::Option;

@@ -125,9 +125,49 @@ impl std::fmt::Debug for Context<'_> {
     }
 }
 
+/// An output topic a processor declared, as a constant `#[derive(Processor)]` generates
+/// for each name in `outputs`: `outputs = ["invoices", "audit-log"]` gives
+/// `Billing::INVOICES` and `Billing::AUDIT_LOG`. Emitting through the constant makes a
+/// misspelt or undeclared output a compile error; a plain `&str` topic is checked when the
+/// record is emitted ([`Error::UndeclaredOutput`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Topic(&'static str);
+
+impl Topic {
+    /// The topic's name.
+    pub const fn name(self) -> &'static str {
+        self.0
+    }
+
+    /// Used by the derive only: a `Topic` stands for a declared output.
+    #[doc(hidden)]
+    pub const fn __declared(name: &'static str) -> Self {
+        Topic(name)
+    }
+}
+
+impl AsRef<str> for Topic {
+    fn as_ref(&self) -> &str {
+        self.0
+    }
+}
+
+impl std::fmt::Display for Topic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
 impl Context<'_> {
-    /// Emits `value` (as JSON) with `key` to `topic`, one of the declared outputs.
-    pub fn emit<V: Serialize + ?Sized>(&mut self, topic: &str, key: &str, value: &V) -> Result<()> {
+    /// Emits `value` (as JSON) with `key` to `topic`, one of the declared outputs: a
+    /// [`Topic`] constant of the processor (`Self::INVOICES`) or a topic name.
+    pub fn emit<V: Serialize + ?Sized>(
+        &mut self,
+        topic: impl AsRef<str>,
+        key: &str,
+        value: &V,
+    ) -> Result<()> {
+        let topic = topic.as_ref();
         let value = Json.encode(value).map_err(|message| Error::Encode {
             what: format!("a record for `{topic}`"),
             message,
@@ -136,7 +176,13 @@ impl Context<'_> {
     }
 
     /// Emits raw bytes to `topic`, one of the declared outputs.
-    pub fn emit_bytes(&mut self, topic: &str, key: Option<Vec<u8>>, value: Vec<u8>) -> Result<()> {
+    pub fn emit_bytes(
+        &mut self,
+        topic: impl AsRef<str>,
+        key: Option<Vec<u8>>,
+        value: Vec<u8>,
+    ) -> Result<()> {
+        let topic = topic.as_ref();
         if !self.declared_outputs.contains(topic) {
             return Err(Error::UndeclaredOutput {
                 topic: topic.to_owned(),

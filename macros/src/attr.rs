@@ -390,16 +390,50 @@ fn outputs_value(expr: &Expr, example: &str, errors: &mut Errors) -> Option<Vec<
         if name.is_empty() {
             errors.spanned(topic, "an output topic name must not be empty");
             valid = false;
-        } else if seen.insert(name.clone(), ()).is_some() {
+        } else if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
             errors.spanned(
                 topic,
-                format!("output topic `{name}` is listed twice in `outputs`; remove one"),
+                format!(
+                    "`{name}` is not a Kafka topic name: use only a-z, A-Z, 0-9, '.', '_' and '-'"
+                ),
             );
+            valid = false;
+        } else if let Some(other) = seen.insert(topic_const_name(&name), name.clone()) {
+            let message = if other == name {
+                format!("output topic `{name}` is listed twice in `outputs`; remove one")
+            } else {
+                format!(
+                    "outputs `{other}` and `{name}` would both be the constant `{}`; \
+                     rename one topic",
+                    topic_const_name(&name)
+                )
+            };
+            errors.spanned(topic, message);
             valid = false;
         }
         topics.push(topic.clone());
     }
     valid.then_some(topics)
+}
+
+/// The name of the `Topic` constant the derive generates for an output topic:
+/// `invoices` -> `INVOICES`, `audit-log.v2` -> `AUDIT_LOG_V2`, `2024-orders` -> `T_2024_ORDERS`.
+pub(crate) fn topic_const_name(topic: &str) -> String {
+    let upper: String = topic
+        .chars()
+        .map(|c| match c {
+            '.' | '-' => '_',
+            c => c.to_ascii_uppercase(),
+        })
+        .collect();
+    if upper.starts_with(|c: char| c.is_ascii_digit()) || upper.chars().all(|c| c == '_') {
+        format!("T_{upper}")
+    } else {
+        upper
+    }
 }
 
 /// `handler = handle_order`: the name of an inherent method.
@@ -456,6 +490,15 @@ mod tests {
     use syn::parse::Parser;
 
     use super::*;
+
+    #[test]
+    fn topic_constants_are_upper_snake_case_identifiers() {
+        assert_eq!(topic_const_name("invoices"), "INVOICES");
+        assert_eq!(topic_const_name("audit-log.v2"), "AUDIT_LOG_V2");
+        assert_eq!(topic_const_name("Rejected_Transfers"), "REJECTED_TRANSFERS");
+        assert_eq!(topic_const_name("2024-orders"), "T_2024_ORDERS");
+        assert_eq!(topic_const_name("-"), "T__");
+    }
 
     fn parse(source: &str) -> (Option<ProcessorArgs>, Vec<String>) {
         let input: DeriveInput = syn::parse_str(source).expect("valid item");

@@ -54,7 +54,7 @@ pub fn derive_event(input: TokenStream) -> TokenStream {
 /// | `name` | string literal | required: the processor's name in logs and metrics |
 /// | `input_type` | type | required: the decoded input event (`Processor::Input`) |
 /// | `input` | string literal | the topic it consumes (`Processor::input_topic`) |
-/// | `outputs` | array of string literals | the topics it emits to (`Processor::output_topics`) |
+/// | `outputs` | array of string literals | the topics it emits to (`Processor::output_topics`), each also a `Topic` constant of the type |
 /// | `handler` | method name | the method `process` calls; `handle` by default |
 ///
 /// The handler has the signature of `Processor::process`:
@@ -80,13 +80,14 @@ pub fn derive_event(input: TokenStream) -> TokenStream {
 ///     async fn handle(&mut self, order: Order, ctx: &mut Context<'_>) -> Result<()> {
 ///         let total = ctx.state().get::<i64>(&order.customer)?.unwrap_or(0) + order.amount;
 ///         ctx.state().put(&order.customer, &total)?;
-///         ctx.emit("invoices", &order.customer, &total)
+///         ctx.emit(Self::INVOICES, &order.customer, &total)
 ///     }
 /// }
 ///
 /// assert_eq!(Billing.name(), "billing");
 /// assert_eq!(Billing.input_topic(), Some("orders"));
 /// assert_eq!(Billing.output_topics(), &["invoices"]);
+/// assert_eq!(Billing::INVOICES.name(), "invoices");
 /// ```
 #[proc_macro_derive(Processor, attributes(processor))]
 pub fn derive_processor(input: TokenStream) -> TokenStream {

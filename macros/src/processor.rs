@@ -40,7 +40,26 @@ pub(crate) fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
     // A missing method is reported at `handler = ...`, or at the derive for the default.
     let handler = handler.unwrap_or_else(|| Ident::new("handle", Span::call_site()));
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    let vis = &input.vis;
+    let constants = outputs.iter().map(|topic| {
+        let name = Ident::new(&attr::topic_const_name(&topic.value()), topic.span());
+        let doc = format!(
+            "Output topic `{}`, declared in `#[processor(outputs = ...)]`.",
+            topic.value()
+        );
+        quote! {
+            #[doc = #doc]
+            #vis const #name: ::onceflow::__private::Topic =
+                ::onceflow::__private::Topic::__declared(#topic);
+        }
+    });
     Ok(quote! {
+        #[automatically_derived]
+        impl #impl_generics #ident #ty_generics #where_clause {
+            #(#constants)*
+        }
+
+
         const _: () = {
             #[automatically_derived]
             #[::onceflow::__private::async_trait]

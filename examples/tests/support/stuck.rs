@@ -15,7 +15,7 @@ struct Stuck;
 
 impl Stuck {
     async fn handle(&mut self, order: Order, ctx: &mut Context<'_>) -> Result<()> {
-        ctx.emit("invoices", &order.id, &order.id)?;
+        ctx.emit(Self::INVOICES, &order.id, &order.id)?;
         eprintln!("stuck: handling {}", order.id);
         tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
         Ok(())

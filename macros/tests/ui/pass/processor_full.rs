@@ -15,7 +15,7 @@ struct Order {
     name = "billing",
     input = "orders",
     input_type = Order,
-    outputs = ["invoices", "audit"],
+    outputs = ["invoices", "audit", "audit-log.v2"],
     handler = bill
 )]
 struct Billing {
@@ -27,7 +27,7 @@ impl Billing {
         self.billed += 1;
         let total = ctx.state().get::<i64>(&order.customer)?.unwrap_or(0) + order.amount;
         ctx.state().put(&order.customer, &total)?;
-        ctx.emit("invoices", &order.customer, &total)?;
+        ctx.emit(Self::INVOICES, &order.customer, &total)?;
         ctx.emit("audit", &order.id, &order.amount)
     }
 }
@@ -42,6 +42,10 @@ fn main() {
     let billing = is_processor(&billing);
     assert_eq!(billing.name(), "billing");
     assert_eq!(billing.input_topic(), Some("orders"));
-    assert_eq!(billing.output_topics(), &["invoices", "audit"]);
+    assert_eq!(billing.output_topics(), &["invoices", "audit", "audit-log.v2"]);
+    // One `Topic` constant per output, named after it.
+    let constants: [onceflow::Topic; 3] = [Billing::INVOICES, Billing::AUDIT, Billing::AUDIT_LOG_V2];
+    let names: Vec<&str> = constants.iter().map(|t| t.name()).collect();
+    assert_eq!(names, billing.output_topics());
     assert_eq!(billing.billed, 0);
 }
