@@ -1,0 +1,509 @@
+//! The driver: runs the contenders in turn against one broker and measures each run.
+//!
+//! ```text
+//!  for each run (contender, settings, repeat), on fresh topics:
+//!   preload N events ─► start contender ─► read_committed reader counts N outputs
+//!        throughput = N / (last output visible − first event processed)
+//!        CPU seconds, peak RSS of the contender's processes (/proc)
+//!   offered load at R ev/s for S s ─► latency = visible − sent, per output (hdrhistogram)
+//!   kill the contender
+//! ```
+//!
+//! - Every run gets its own input, output and group names, so nothing one contender left
+//!   behind (offsets, changelog, transactional state) is seen by the next.
+//! - Repeats are interleaved (a b c d, a b c d, …) so slow drift of the machine spreads
+//!   over every contender instead of landing on one.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use onceflow::testkit::Kafka;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::process::{Contender, Usage};
+use crate::workload::{Load, now_us, produce};
+
+/// The systems compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum System {
+    /// a: raw rdkafka, no transaction, auto-commit.
+    Raw,
+    /// b: raw rdkafka, canonical transactional loop.
+    RawTransactional,
+    /// c: onceflow at-most-once.
+    AtMostOnce,
+    /// c: onceflow at-least-once.
+    AtLeastOnce,
+    /// c: onceflow exactly-once (dedup on).
+    ExactlyOnce,
+    /// d: Kafka Streams exactly_once_v2.
+    Streams,
+}
+
+impl System {
+    /// Every contender, in table order.
+    pub const ALL: [System; 6] = [
+        System::Raw,
+        System::RawTransactional,
+        System::AtMostOnce,
+        System::AtLeastOnce,
+        System::ExactlyOnce,
+        System::Streams,
+    ];
+
+    /// Its name on the command line.
+    pub fn id(self) -> &'static str {
+        match self {
+            System::Raw => "raw",
+            System::RawTransactional => "raw-txn",
+            System::AtMostOnce => "onceflow-amo",
+            System::AtLeastOnce => "onceflow-alo",
+            System::ExactlyOnce => "onceflow-eo",
+            System::Streams => "streams-eos2",
+        }
+    }
+
+    /// Its row label in the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            System::Raw => "a. raw rdkafka, auto-commit",
+            System::RawTransactional => "b. raw rdkafka, transactions",
+            System::AtMostOnce => "c. onceflow at-most-once",
+            System::AtLeastOnce => "c. onceflow at-least-once",
+            System::ExactlyOnce => "c. onceflow exactly-once",
+            System::Streams => "d. Kafka Streams exactly_once_v2",
+        }
+    }
+
+    /// Whether it skips events whose ID it has seen.
+    fn dedups(self) -> bool {
+        matches!(
+            self,
+            System::AtMostOnce | System::AtLeastOnce | System::ExactlyOnce
+        )
+    }
+}
+
+impl std::str::FromStr for System {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        System::ALL
+            .into_iter()
+            .find(|s| s.id() == text)
+            .ok_or_else(|| {
+                let names: Vec<_> = System::ALL.iter().map(|s| s.id()).collect();
+                format!("unknown contender `{text}`; one of {}", names.join(", "))
+            })
+    }
+}
+
+/// The settings of one run.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// Who runs.
+    pub system: System,
+    /// Events preloaded for the throughput phase.
+    pub events: u64,
+    /// Event size in bytes.
+    pub size: usize,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Share of duplicate event IDs.
+    pub duplicates: f64,
+    /// Partitions of the input and output topics.
+    pub partitions: i32,
+    /// Commit interval (onceflow, raw-txn, Kafka Streams).
+    pub commit_interval: Duration,
+    /// Records per batch at most (onceflow, raw-txn).
+    pub max_batch: usize,
+    /// Processes of the contender.
+    pub instances: usize,
+    /// Offered rate of the latency phase (0: no latency phase).
+    pub latency_rate: u64,
+    /// Events of the latency phase.
+    pub latency_events: u64,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct RunResult {
+    /// Input events per second, first processed to last visible.
+    pub throughput: f64,
+    /// The load generator's own rate during the preload.
+    pub generator_rate: f64,
+    /// Latency percentiles in ms: p50, p99, p99.9 (None without a latency phase).
+    pub latency_ms: Option<[f64; 3]>,
+    /// CPU and RSS at the end of the throughput phase.
+    pub usage: Usage,
+    /// CPU µs per input event in the throughput phase.
+    pub cpu_us_per_event: f64,
+}
+
+/// Where the driver finds things.
+#[derive(Debug, Clone)]
+pub struct Environment {
+    /// The broker.
+    pub kafka: &'static Kafka,
+    /// This binary, which the Rust contenders run as.
+    pub exe: PathBuf,
+    /// The Kafka Streams contender's runnable jar.
+    pub streams_jar: PathBuf,
+    /// Logs of the contenders.
+    pub log_dir: PathBuf,
+    /// A run that has not finished after this long fails.
+    pub run_timeout: Duration,
+}
+
+/// Runs one contender once, reporting progress on `bar`.
+pub async fn run_once(
+    env: &Environment,
+    settings: &RunSettings,
+    bar: &ProgressBar,
+) -> Result<RunResult, String> {
+    let kafka = env.kafka;
+    let name = onceflow::testkit::unique_name(&format!("bench-{}", settings.system.id()));
+    let input = format!("{name}-in");
+    let output = format!("{name}-out");
+    for topic in [&input, &output] {
+        kafka
+            .create_topic(topic, settings.partitions)
+            .await
+            .map_err(|e| format!("create topic {topic}: {e}"))?;
+    }
+    let brokers = kafka.bootstrap_servers().to_owned();
+
+    // Preload the throughput events.
+    let load = Load {
+        topic: input.clone(),
+        events: settings.events,
+        size: settings.size,
+        keys: settings.keys,
+        duplicates: settings.duplicates,
+        rate: 0,
+        id_prefix: "t".into(),
+    };
+    bar.set_message(format!("{}: preloading", settings.system.id()));
+    let produced = {
+        let (brokers, load) = (brokers.clone(), load.clone());
+        tokio::task::spawn_blocking(move || produce(&brokers, &load))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("preload: {e}"))?
+    };
+    let expected = if settings.system.dedups() {
+        load.unique_events()
+    } else {
+        load.events
+    };
+
+    let reader = Reader::start(&brokers, &output, settings.partitions, Offset::Beginning)?;
+    let state = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let log = env.log_dir.join(format!("{name}.log"));
+    let commands = (0..settings.instances)
+        .map(|instance| command(env, settings, &brokers, &name, instance, state.path()))
+        .collect();
+    let mut contender = Contender::start(commands, &log).map_err(|e| e.to_string())?;
+    let tail = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let start = text.len().saturating_sub(3000);
+        text[text.floor_char_boundary(start)..].to_owned()
+    };
+
+    // Throughput.
+    bar.set_length(expected);
+    bar.set_position(0);
+    bar.set_message(format!("{}: throughput", settings.system.id()));
+    let deadline = Instant::now() + env.run_timeout;
+    let mut first_processed = i64::MAX;
+    let mut last_visible = 0i64;
+    let mut seen = 0u64;
+    // CPU from the first output on, so that start-up (a JVM's above all) is not counted
+    // per event.
+    let mut at_first_output: Option<(u64, Usage)> = None;
+    while seen < expected {
+        match reader.outputs.recv_timeout(Duration::from_millis(200)) {
+            Ok(out) if out.phase == 't' => {
+                seen += 1;
+                if at_first_output.is_none() {
+                    at_first_output = Some((seen, contender.usage()));
+                }
+                first_processed = first_processed.min(out.processed_us);
+                last_visible = last_visible.max(out.visible_us);
+                if seen.is_multiple_of(1024) {
+                    bar.set_position(seen);
+                }
+            }
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return Err("the output reader stopped".into()),
+        }
+        if !contender.alive() {
+            return Err(format!(
+                "{} exited after {seen} of {expected} outputs; log {}:\n{}",
+                settings.system.id(),
+                log.display(),
+                tail()
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} gave {seen} of {expected} outputs in {:?}; log {}:\n{}",
+                settings.system.id(),
+                env.run_timeout,
+                log.display(),
+                tail()
+            ));
+        }
+    }
+    bar.set_position(seen);
+    let usage = contender.usage();
+    let seconds = ((last_visible - first_processed) as f64 / 1e6).max(1e-6);
+    let mut result = RunResult {
+        throughput: settings.events as f64 / seconds,
+        generator_rate: produced.rate(),
+        latency_ms: None,
+        usage,
+        cpu_us_per_event: at_first_output.map_or(0.0, |(from, at)| {
+            (usage.cpu_seconds - at.cpu_seconds) * 1e6 / (seen - from).max(1) as f64
+        }),
+    };
+
+    // Latency at a fixed offered rate.
+    if settings.latency_rate > 0 && settings.latency_events > 0 {
+        bar.set_message(format!(
+            "{}: latency at {} ev/s",
+            settings.system.id(),
+            settings.latency_rate
+        ));
+        let load = Load {
+            events: settings.latency_events,
+            duplicates: 0.0,
+            rate: settings.latency_rate,
+            id_prefix: "l".into(),
+            ..load
+        };
+        bar.set_length(load.events);
+        bar.set_position(0);
+        let generator = {
+            let brokers = brokers.clone();
+            tokio::task::spawn_blocking(move || produce(&brokers, &load))
+        };
+        let mut histogram =
+            Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+        let mut seen = 0u64;
+        let target = settings.latency_events;
+        let deadline = Instant::now()
+            + env.run_timeout
+            + Duration::from_secs_f64(target as f64 / settings.latency_rate as f64);
+        while seen < target {
+            match reader.outputs.recv_timeout(Duration::from_millis(200)) {
+                Ok(out) if out.phase == 'l' => {
+                    seen += 1;
+                    histogram.saturating_record((out.visible_us - out.sent_us).max(1) as u64);
+
+                    if seen.is_multiple_of(256) {
+                        bar.set_position(seen);
+                    }
+                }
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err("the output reader stopped".into());
+                }
+            }
+            if !contender.alive() || Instant::now() > deadline {
+                return Err(format!(
+                    "{}: {seen} of {target} latency outputs; log {}:\n{}",
+                    settings.system.id(),
+                    log.display(),
+                    tail()
+                ));
+            }
+        }
+        generator
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("latency load: {e}"))?;
+        result.latency_ms =
+            Some([0.5, 0.99, 0.999].map(|q| histogram.value_at_quantile(q) as f64 / 1000.0));
+    }
+    drop(contender);
+    reader.stop();
+    Ok(result)
+}
+
+/// The command line of one instance of a contender.
+fn command(
+    env: &Environment,
+    settings: &RunSettings,
+    brokers: &str,
+    name: &str,
+    instance: usize,
+    state: &Path,
+) -> Command {
+    let input = format!("{name}-in");
+    let output = format!("{name}-out");
+    let interval_ms = settings.commit_interval.as_millis().to_string();
+    if settings.system == System::Streams {
+        let mut command = Command::new("java");
+        command
+            .args(["-jar"])
+            .arg(&env.streams_jar)
+            .args(["--brokers", brokers, "--input", &input, "--output", &output])
+            .args([
+                "--application-id",
+                name,
+                "--commit-interval-ms",
+                &interval_ms,
+            ])
+            .arg("--state-dir")
+            .arg(state.join(format!("streams-{instance}")));
+        return command;
+    }
+    let mut command = Command::new(&env.exe);
+    let subcommand = match settings.system {
+        System::Raw => "raw",
+        System::RawTransactional => "raw-txn",
+        _ => "onceflow",
+    };
+    command
+        .arg(subcommand)
+        .args(["--brokers", brokers, "--input", &input, "--output", &output])
+        .args(["--group", name, "--commit-interval-ms", &interval_ms])
+        .args(["--max-batch", &settings.max_batch.to_string()])
+        .args(["--instance", &format!("i{instance}")])
+        .arg("--state-dir")
+        .arg(state);
+    let mode = match settings.system {
+        System::AtMostOnce => Some("at-most-once"),
+        System::AtLeastOnce => Some("at-least-once"),
+        System::ExactlyOnce => Some("exactly-once"),
+        _ => None,
+    };
+    if let Some(mode) = mode {
+        command.args(["--delivery", mode]);
+    }
+    command
+}
+
+/// One output as the reader saw it.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// `t` (throughput) or `l` (latency): the first letter of the event ID.
+    phase: char,
+    sent_us: i64,
+    processed_us: i64,
+    visible_us: i64,
+}
+
+/// What the reader needs of an output (an input parses too: pointed at the input topic,
+/// the reader measures the load generator and the broker alone).
+#[derive(serde::Deserialize)]
+struct Stamp {
+    id: String,
+    sent_us: i64,
+    #[serde(default)]
+    processed_us: i64,
+}
+
+/// A `read_committed` consumer of the output topic on a thread of its own.
+struct Reader {
+    outputs: Receiver<Seen>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Reader {
+    fn start(brokers: &str, topic: &str, partitions: i32, from: Offset) -> Result<Reader, String> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", onceflow::testkit::unique_name("bench-reader"))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .map_err(|e| format!("reader: {e}"))?;
+        let mut assignment = TopicPartitionList::new();
+        for partition in 0..partitions {
+            assignment
+                .add_partition_offset(topic, partition, from)
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&assignment).map_err(|e| e.to_string())?;
+        let (sender, outputs) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                let Some(Ok(message)) = consumer.poll(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let visible_us = now_us();
+                let Ok(out) =
+                    serde_json::from_slice::<Stamp>(message.payload().unwrap_or_default())
+                else {
+                    continue;
+                };
+                let seen = Seen {
+                    phase: out.id.chars().next().unwrap_or('?'),
+                    sent_us: out.sent_us,
+                    processed_us: out.processed_us,
+                    visible_us,
+                };
+                if sender.send(seen).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Reader {
+            outputs,
+            stop,
+            thread,
+        })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        drop(self.outputs);
+        let _ = self.thread.join();
+    }
+}
+
+/// Progress bars: one for the whole report, one for the current run.
+#[derive(Debug)]
+pub struct Progress {
+    /// Runs done of all runs.
+    pub overall: ProgressBar,
+    /// Outputs seen in the current run.
+    pub run: ProgressBar,
+}
+
+impl Progress {
+    /// Bars for `runs` runs (hidden when `quiet`).
+    pub fn new(runs: u64, quiet: bool) -> Progress {
+        let multi = MultiProgress::new();
+        if quiet {
+            multi.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        let overall = multi.add(ProgressBar::new(runs));
+        overall.set_style(
+            ProgressStyle::with_template("[{elapsed_precise}] runs {pos}/{len} {bar:30} {msg}")
+                .expect("a valid template"),
+        );
+        let run = multi.add(ProgressBar::new(1));
+        run.set_style(
+            ProgressStyle::with_template("  {msg:32} {bar:30} {pos}/{len} {per_sec}")
+                .expect("a valid template"),
+        );
+        Progress { overall, run }
+    }
+}
