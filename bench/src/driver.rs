@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use onceflow::testkit::Kafka;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -338,7 +340,34 @@ pub async fn run_once(
     }
     drop(contender);
     reader.stop();
+    drop(state);
+    delete_topics(&brokers, &name).await;
     Ok(result)
+}
+
+/// Deletes every topic whose name starts with `prefix` (the run's input, output,
+/// changelog and Kafka Streams' internal topics), so that a long report does not fill the
+/// broker's disk. Best effort: a topic left behind costs space, not correctness.
+async fn delete_topics(brokers: &str, prefix: &str) {
+    let Ok(admin) = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create::<AdminClient<DefaultClientContext>>()
+    else {
+        return;
+    };
+    let Ok(metadata) = admin.inner().fetch_metadata(None, Duration::from_secs(10)) else {
+        return;
+    };
+    let topics: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .filter(|t| t.starts_with(prefix))
+        .collect();
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    if !names.is_empty() {
+        let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
+    }
 }
 
 /// The command line of one instance of a contender.
@@ -355,7 +384,12 @@ fn command(
     let interval_ms = settings.commit_interval.as_millis().to_string();
     if settings.system == System::Streams {
         let mut command = Command::new("java");
+        // RocksDB unpacks its native library into java.io.tmpdir and a killed JVM never
+        // removes it: keep it in the run's own directory, deleted after the run.
+        let mut tmpdir = std::ffi::OsString::from("-Djava.io.tmpdir=");
+        tmpdir.push(state);
         command
+            .arg(tmpdir)
             .args(["-jar"])
             .arg(&env.streams_jar)
             .args(["--brokers", brokers, "--input", &input, "--output", &output])
