@@ -163,6 +163,8 @@ pub struct Environment {
     pub log_dir: PathBuf,
     /// A run that has not finished after this long fails.
     pub run_timeout: Duration,
+    /// librdkafka properties (KEY=VALUE) for the onceflow contenders.
+    pub onceflow_kafka: Vec<String>,
 }
 
 /// Runs one contender once, reporting progress on `bar`.
@@ -425,6 +427,9 @@ fn command(
     };
     if let Some(mode) = mode {
         command.args(["--delivery", mode]);
+        for property in &env.onceflow_kafka {
+            command.args(["--kafka", property]);
+        }
     }
     command
 }

@@ -64,11 +64,13 @@ pub struct FlowArgs {
     pub max_batch: usize,
     /// Delivery mode.
     pub delivery: DeliveryMode,
+    /// librdkafka properties for every client of the engine.
+    pub kafka: Vec<(String, String)>,
 }
 
 /// Runs the engine until it stops (the driver kills it).
 pub async fn run(args: FlowArgs) -> Result<()> {
-    let config = EngineConfig::new(
+    let mut config = EngineConfig::new(
         args.brokers,
         args.group,
         args.instance,
@@ -78,6 +80,9 @@ pub async fn run(args: FlowArgs) -> Result<()> {
     .output(args.output.clone())
     .batching(args.commit_interval, args.max_batch)
     .delivery(args.delivery);
+    for (key, value) in args.kafka {
+        config = config.kafka(key, value);
+    }
     Engine::new(config)?
         .run(Sum {
             output: args.output,

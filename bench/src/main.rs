@@ -86,6 +86,9 @@ struct ContenderArgs {
     /// exactly-once, at-least-once or at-most-once (onceflow only).
     #[arg(long, default_value = "exactly-once")]
     delivery: String,
+    /// A librdkafka property for every client of the engine, KEY=VALUE (onceflow only).
+    #[arg(long = "kafka", value_name = "KEY=VALUE")]
+    kafka: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -154,6 +157,10 @@ struct ReportArgs {
     /// No PNG charts.
     #[arg(long)]
     no_charts: bool,
+    /// A librdkafka property for the onceflow contenders' clients, KEY=VALUE (repeatable);
+    /// the report names them.
+    #[arg(long = "onceflow-kafka", value_name = "KEY=VALUE")]
+    onceflow_kafka: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -228,6 +235,15 @@ async fn onceflow(args: ContenderArgs) -> Result<(), String> {
         commit_interval: Duration::from_millis(args.commit_interval_ms),
         max_batch: args.max_batch,
         delivery,
+        kafka: args
+            .kafka
+            .iter()
+            .map(|pair| {
+                pair.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .ok_or_else(|| format!("--kafka {pair}: expected KEY=VALUE"))
+            })
+            .collect::<Result<_, _>>()?,
     })
     .await
     .map_err(|e| e.to_string())
@@ -389,6 +405,7 @@ async fn report(args: ReportArgs) -> Result<(), String> {
         streams_jar: args.streams_jar.clone(),
         log_dir: log_dir.clone(),
         run_timeout: Duration::from_secs(args.run_timeout),
+        onceflow_kafka: args.onceflow_kafka.clone(),
     };
     let planned = plan(&args);
     let progress = Progress::new(planned.len() as u64, args.quiet);
@@ -437,6 +454,7 @@ async fn report(args: ReportArgs) -> Result<(), String> {
             kafka.bootstrap_servers()
         ),
         charts,
+        onceflow_kafka: args.onceflow_kafka.clone(),
     };
     let text = report::markdown(&date, &conditions, &measured);
     let path = args.out.join(format!("{date}.md"));

@@ -40,6 +40,9 @@ pub fn spread(values: &[f64]) -> [f64; 3] {
 }
 
 fn cell(values: &[f64], decimals: usize) -> String {
+    if values.is_empty() {
+        return "–".into();
+    }
     let [min, median, max] = spread(values);
     format!("{median:.decimals$} ({min:.decimals$}–{max:.decimals$})")
 }
@@ -98,6 +101,8 @@ pub struct Conditions {
     pub broker: String,
     /// Charts written next to the file, by title.
     pub charts: Vec<(String, String)>,
+    /// librdkafka properties given to the onceflow contenders.
+    pub onceflow_kafka: Vec<String>,
 }
 
 /// The Markdown report.
@@ -138,6 +143,13 @@ pub fn markdown(date: &str, conditions: &Conditions, runs: &[Measured]) -> Strin
                 .collect::<Vec<_>>()
         )[1],
     );
+    if !conditions.onceflow_kafka.is_empty() {
+        let _ = writeln!(
+            md,
+            "librdkafka properties given to the onceflow contenders: `{}`.\n",
+            conditions.onceflow_kafka.join("`, `")
+        );
+    }
     let _ = writeln!(
         md,
         "Each cell: median (min–max) of the repeats. Throughput: input events per second, from \
