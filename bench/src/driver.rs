@@ -31,7 +31,7 @@ use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::process::{Contender, Usage};
-use crate::workload::{Load, now_us, produce};
+use crate::workload::{Load, Produced, now_us, produce};
 
 /// The systems compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -133,6 +133,9 @@ pub struct RunSettings {
     pub latency_rate: u64,
     /// Events of the latency phase.
     pub latency_events: u64,
+    /// IDs put in the dedup log before the throughput phase, by processing that many
+    /// events first (0: none).
+    pub dedup_preload: u64,
 }
 
 /// What one run measured.
@@ -185,7 +188,9 @@ pub async fn run_once(
     }
     let brokers = kafka.bootstrap_servers().to_owned();
 
-    // Preload the throughput events.
+    // The throughput events are preloaded before the contender starts, except after a
+    // dedup-log warm-up: then the warm-up events are preloaded and processed first, and
+    // the throughput events are produced once the log holds them.
     let load = Load {
         topic: input.clone(),
         events: settings.events,
@@ -195,14 +200,17 @@ pub async fn run_once(
         rate: 0,
         id_prefix: "t".into(),
     };
+    let warm_up = (settings.dedup_preload > 0).then(|| Load {
+        events: settings.dedup_preload,
+        duplicates: 0.0,
+        id_prefix: "w".into(),
+        ..load.clone()
+    });
     bar.set_message(format!("{}: preloading", settings.system.id()));
-    let produced = {
-        let (brokers, load) = (brokers.clone(), load.clone());
-        tokio::task::spawn_blocking(move || produce(&brokers, &load))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("preload: {e}"))?
-    };
+    let produced = generate(&brokers, warm_up.as_ref().unwrap_or(&load).clone())
+        .done()
+        .await
+        .map_err(|e| format!("preload: {e}"))?;
     let expected = if settings.system.dedups() {
         load.unique_events()
     } else {
@@ -215,61 +223,42 @@ pub async fn run_once(
     let commands = (0..settings.instances)
         .map(|instance| command(env, settings, &brokers, &name, instance, state.path()))
         .collect();
-    let mut contender = Contender::start(commands, &log).map_err(|e| e.to_string())?;
-    let tail = || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let start = text.len().saturating_sub(3000);
-        text[text.floor_char_boundary(start)..].to_owned()
+    let contender = Contender::start(commands, &log).map_err(|e| e.to_string())?;
+    let mut watch = Watch {
+        reader: &reader,
+        contender,
+        bar,
+        log: &log,
+        what: settings.system.id(),
     };
 
+    if let Some(warm_up) = &warm_up {
+        bar.set_message(format!("{}: dedup log warm-up", settings.system.id()));
+        watch.collect('w', warm_up.events, env.run_timeout, |_, _| {})?;
+    }
+    let generator = warm_up.is_some().then(|| generate(&brokers, load.clone()));
+
     // Throughput.
-    bar.set_length(expected);
-    bar.set_position(0);
     bar.set_message(format!("{}: throughput", settings.system.id()));
-    let deadline = Instant::now() + env.run_timeout;
     let mut first_processed = i64::MAX;
     let mut last_visible = 0i64;
     let mut seen = 0u64;
     // CPU from the first output on, so that start-up (a JVM's above all) is not counted
     // per event.
     let mut at_first_output: Option<(u64, Usage)> = None;
-    while seen < expected {
-        match reader.outputs.recv_timeout(Duration::from_millis(200)) {
-            Ok(out) if out.phase == 't' => {
-                seen += 1;
-                if at_first_output.is_none() {
-                    at_first_output = Some((seen, contender.usage()));
-                }
-                first_processed = first_processed.min(out.processed_us);
-                last_visible = last_visible.max(out.visible_us);
-                if seen.is_multiple_of(1024) {
-                    bar.set_position(seen);
-                }
-            }
-            Ok(_) => {}
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return Err("the output reader stopped".into()),
+    watch.collect('t', expected, env.run_timeout, |out, contender| {
+        seen += 1;
+        if at_first_output.is_none() {
+            at_first_output = Some((seen, contender.usage()));
         }
-        if !contender.alive() {
-            return Err(format!(
-                "{} exited after {seen} of {expected} outputs; log {}:\n{}",
-                settings.system.id(),
-                log.display(),
-                tail()
-            ));
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{} gave {seen} of {expected} outputs in {:?}; log {}:\n{}",
-                settings.system.id(),
-                env.run_timeout,
-                log.display(),
-                tail()
-            ));
-        }
-    }
-    bar.set_position(seen);
-    let usage = contender.usage();
+        first_processed = first_processed.min(out.processed_us);
+        last_visible = last_visible.max(out.visible_us);
+    })?;
+    let usage = watch.contender.usage();
+    let produced = match generator {
+        Some(generator) => generator.done().await.map_err(|e| format!("load: {e}"))?,
+        None => produced,
+    };
     let seconds = ((last_visible - first_processed) as f64 / 1e6).max(1e-6);
     let mut result = RunResult {
         throughput: settings.events as f64 / seconds,
@@ -295,56 +284,107 @@ pub async fn run_once(
             id_prefix: "l".into(),
             ..load
         };
-        bar.set_length(load.events);
-        bar.set_position(0);
-        let generator = {
-            let brokers = brokers.clone();
-            tokio::task::spawn_blocking(move || produce(&brokers, &load))
-        };
+        let target = load.events;
+        let generator = generate(&brokers, load);
         let mut histogram =
             Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
-        let mut seen = 0u64;
-        let target = settings.latency_events;
-        let deadline = Instant::now()
-            + env.run_timeout
-            + Duration::from_secs_f64(target as f64 / settings.latency_rate as f64);
-        while seen < target {
-            match reader.outputs.recv_timeout(Duration::from_millis(200)) {
-                Ok(out) if out.phase == 'l' => {
-                    seen += 1;
-                    histogram.saturating_record((out.visible_us - out.sent_us).max(1) as u64);
-
-                    if seen.is_multiple_of(256) {
-                        bar.set_position(seen);
-                    }
-                }
-                Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err("the output reader stopped".into());
-                }
-            }
-            if !contender.alive() || Instant::now() > deadline {
-                return Err(format!(
-                    "{}: {seen} of {target} latency outputs; log {}:\n{}",
-                    settings.system.id(),
-                    log.display(),
-                    tail()
-                ));
-            }
-        }
+        let patience =
+            env.run_timeout + Duration::from_secs_f64(target as f64 / settings.latency_rate as f64);
+        watch.collect('l', target, patience, |out, _| {
+            histogram.saturating_record((out.visible_us - out.sent_us).max(1) as u64);
+        })?;
         generator
+            .done()
             .await
-            .map_err(|e| e.to_string())?
             .map_err(|e| format!("latency load: {e}"))?;
         result.latency_ms =
             Some([0.5, 0.99, 0.999].map(|q| histogram.value_at_quantile(q) as f64 / 1000.0));
     }
+    let Watch { contender, .. } = watch;
     drop(contender);
     reader.stop();
     drop(state);
     delete_topics(&brokers, &name).await;
     Ok(result)
+}
+
+/// Starts the load generator on the blocking pool, now; await the result for its rate.
+fn generate(brokers: &str, load: Load) -> Generator {
+    let brokers = brokers.to_owned();
+    Generator(tokio::task::spawn_blocking(move || {
+        produce(&brokers, &load)
+    }))
+}
+
+/// A load generator running.
+struct Generator(tokio::task::JoinHandle<Result<Produced, rdkafka::error::KafkaError>>);
+
+impl Generator {
+    /// What it produced, once it is done.
+    async fn done(self) -> Result<Produced, String> {
+        self.0
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A running contender and the reader of its outputs.
+struct Watch<'a> {
+    reader: &'a Reader,
+    contender: Contender,
+    bar: &'a ProgressBar,
+    log: &'a Path,
+    what: &'static str,
+}
+
+impl Watch<'_> {
+    /// Waits for `expected` outputs of `phase`, handing each to `seen`; fails with the
+    /// contender's log if it exits or `patience` runs out first.
+    fn collect(
+        &mut self,
+        phase: char,
+        expected: u64,
+        patience: Duration,
+        mut seen: impl FnMut(&Seen, &Contender),
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + patience;
+        self.bar.set_length(expected);
+        self.bar.set_position(0);
+        let mut count = 0u64;
+        while count < expected {
+            match self.reader.outputs.recv_timeout(Duration::from_millis(200)) {
+                Ok(out) if out.phase == phase => {
+                    count += 1;
+                    seen(&out, &self.contender);
+                    if count.is_multiple_of(1024) {
+                        self.bar.set_position(count);
+                    }
+                }
+                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err("the output reader stopped".into());
+                }
+            }
+            let problem = if !self.contender.alive() {
+                "exited"
+            } else if Instant::now() > deadline {
+                "ran out of time"
+            } else {
+                continue;
+            };
+            let text = std::fs::read_to_string(self.log).unwrap_or_default();
+            let start = text.floor_char_boundary(text.len().saturating_sub(3000));
+            return Err(format!(
+                "{} {problem} after {count} of {expected} outputs ({phase}); log {}:\n{}",
+                self.what,
+                self.log.display(),
+                &text[start..]
+            ));
+        }
+        self.bar.set_position(count);
+        Ok(())
+    }
 }
 
 /// Deletes every topic whose name starts with `prefix` (the run's input, output,

@@ -134,6 +134,10 @@ struct ReportArgs {
     /// Instance counts of the sweep (onceflow and Kafka Streams).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
     sweep_instances: Vec<usize>,
+    /// Dedup log sizes of the sweep (onceflow exactly-once): that many events are
+    /// processed before the throughput phase. 10000000 works but takes minutes and GBs.
+    #[arg(long, value_delimiter = ',', default_value = "0,100000,1000000")]
+    sweep_dedup_ids: Vec<u64>,
     /// Input bytes per sweep run at most: events are cut to fit.
     #[arg(long, default_value_t = 100_000_000)]
     sweep_bytes: u64,
@@ -269,6 +273,7 @@ fn plan(args: &ReportArgs) -> Vec<Planned> {
         instances: args.instances,
         latency_rate: args.latency_rate,
         latency_events: args.latency_events,
+        dedup_preload: 0,
     };
     let mut runs = Vec::new();
     for _ in 0..args.repeats {
@@ -363,6 +368,14 @@ fn plan(args: &ReportArgs) -> Vec<Planned> {
                 instances.to_string()
             }),
             only(&[System::ExactlyOnce, System::Streams]),
+        ),
+        (
+            "dedup log IDs",
+            points(&args.sweep_dedup_ids, &sweep_base, |s, ids| {
+                s.dedup_preload = ids;
+                ids.to_string()
+            }),
+            only(&[System::ExactlyOnce]),
         ),
     ];
     for (section, points, systems) in sweeps {
