@@ -19,6 +19,8 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+#[cfg(feature = "bench-internals")]
+mod bench;
 mod config;
 mod dlq;
 mod engine;
@@ -44,6 +46,14 @@ pub use onceflow_macros::{Event, Processor};
 pub use processor::{Context, Processor, RecordMeta, State, Topic};
 #[cfg(feature = "runner")]
 pub use runner::{run, run_with_args};
+
+/// The transaction log's hot path for the benchmark crate (feature `bench-internals`).
+/// Not public API: it may change in any release.
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod __bench {
+    pub use crate::bench::{Overlay, TxLog};
+}
 
 /// What the derive macros expand to. Not public API: it may change in any release.
 #[doc(hidden)]

@@ -1,0 +1,588 @@
+//! The driver: runs the contenders in turn against one broker and measures each run.
+//!
+//! ```text
+//!  for each run (contender, settings, repeat), on fresh topics:
+//!   preload N events ─► start contender ─► read_committed reader counts N outputs
+//!        throughput = N / (last output visible − first event processed)
+//!        CPU seconds, peak RSS of the contender's processes (/proc)
+//!   offered load at R ev/s for S s ─► latency = visible − sent, per output (hdrhistogram)
+//!   kill the contender
+//! ```
+//!
+//! - Every run gets its own input, output and group names, so nothing one contender left
+//!   behind (offsets, changelog, transactional state) is seen by the next.
+//! - Repeats are interleaved (a b c d, a b c d, …) so slow drift of the machine spreads
+//!   over every contender instead of landing on one.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use onceflow::testkit::Kafka;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::process::{Contender, Usage};
+use crate::workload::{Load, Produced, now_us, produce};
+
+/// The systems compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum System {
+    /// a: raw rdkafka, no transaction, auto-commit.
+    Raw,
+    /// b: raw rdkafka, canonical transactional loop.
+    RawTransactional,
+    /// c: onceflow at-most-once.
+    AtMostOnce,
+    /// c: onceflow at-least-once.
+    AtLeastOnce,
+    /// c: onceflow exactly-once (dedup on).
+    ExactlyOnce,
+    /// d: Kafka Streams exactly_once_v2.
+    Streams,
+}
+
+impl System {
+    /// Every contender, in table order.
+    pub const ALL: [System; 6] = [
+        System::Raw,
+        System::RawTransactional,
+        System::AtMostOnce,
+        System::AtLeastOnce,
+        System::ExactlyOnce,
+        System::Streams,
+    ];
+
+    /// Its name on the command line.
+    pub fn id(self) -> &'static str {
+        match self {
+            System::Raw => "raw",
+            System::RawTransactional => "raw-txn",
+            System::AtMostOnce => "onceflow-amo",
+            System::AtLeastOnce => "onceflow-alo",
+            System::ExactlyOnce => "onceflow-eo",
+            System::Streams => "streams-eos2",
+        }
+    }
+
+    /// Its row label in the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            System::Raw => "a. raw rdkafka, auto-commit",
+            System::RawTransactional => "b. raw rdkafka, transactions",
+            System::AtMostOnce => "c. onceflow at-most-once",
+            System::AtLeastOnce => "c. onceflow at-least-once",
+            System::ExactlyOnce => "c. onceflow exactly-once",
+            System::Streams => "d. Kafka Streams exactly_once_v2",
+        }
+    }
+
+    /// Whether it skips events whose ID it has seen.
+    fn dedups(self) -> bool {
+        matches!(
+            self,
+            System::AtMostOnce | System::AtLeastOnce | System::ExactlyOnce
+        )
+    }
+}
+
+impl std::str::FromStr for System {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        System::ALL
+            .into_iter()
+            .find(|s| s.id() == text)
+            .ok_or_else(|| {
+                let names: Vec<_> = System::ALL.iter().map(|s| s.id()).collect();
+                format!("unknown contender `{text}`; one of {}", names.join(", "))
+            })
+    }
+}
+
+/// The settings of one run.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// Who runs.
+    pub system: System,
+    /// Events preloaded for the throughput phase.
+    pub events: u64,
+    /// Event size in bytes.
+    pub size: usize,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Share of duplicate event IDs.
+    pub duplicates: f64,
+    /// Partitions of the input and output topics.
+    pub partitions: i32,
+    /// Commit interval (onceflow, raw-txn, Kafka Streams).
+    pub commit_interval: Duration,
+    /// Records per batch at most (onceflow, raw-txn).
+    pub max_batch: usize,
+    /// Processes of the contender.
+    pub instances: usize,
+    /// Offered rate of the latency phase (0: no latency phase).
+    pub latency_rate: u64,
+    /// Events of the latency phase.
+    pub latency_events: u64,
+    /// IDs put in the dedup log before the throughput phase, by processing that many
+    /// events first (0: none).
+    pub dedup_preload: u64,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct RunResult {
+    /// Input events per second, first processed to last visible.
+    pub throughput: f64,
+    /// The load generator's own rate during the preload.
+    pub generator_rate: f64,
+    /// Latency percentiles in ms: p50, p99, p99.9 (None without a latency phase).
+    pub latency_ms: Option<[f64; 3]>,
+    /// CPU and RSS at the end of the throughput phase.
+    pub usage: Usage,
+    /// CPU µs per input event in the throughput phase.
+    pub cpu_us_per_event: f64,
+}
+
+/// Where the driver finds things.
+#[derive(Debug, Clone)]
+pub struct Environment {
+    /// The broker.
+    pub kafka: &'static Kafka,
+    /// This binary, which the Rust contenders run as.
+    pub exe: PathBuf,
+    /// The Kafka Streams contender's runnable jar.
+    pub streams_jar: PathBuf,
+    /// Logs of the contenders.
+    pub log_dir: PathBuf,
+    /// A run that has not finished after this long fails.
+    pub run_timeout: Duration,
+    /// librdkafka properties (KEY=VALUE) for the onceflow contenders.
+    pub onceflow_kafka: Vec<String>,
+}
+
+/// Runs one contender once, reporting progress on `bar`.
+pub async fn run_once(
+    env: &Environment,
+    settings: &RunSettings,
+    bar: &ProgressBar,
+) -> Result<RunResult, String> {
+    let kafka = env.kafka;
+    let name = onceflow::testkit::unique_name(&format!("bench-{}", settings.system.id()));
+    let input = format!("{name}-in");
+    let output = format!("{name}-out");
+    for topic in [&input, &output] {
+        kafka
+            .create_topic(topic, settings.partitions)
+            .await
+            .map_err(|e| format!("create topic {topic}: {e}"))?;
+    }
+    let brokers = kafka.bootstrap_servers().to_owned();
+
+    // The throughput events are preloaded before the contender starts, except after a
+    // dedup-log warm-up: then the warm-up events are preloaded and processed first, and
+    // the throughput events are produced once the log holds them.
+    let load = Load {
+        topic: input.clone(),
+        events: settings.events,
+        size: settings.size,
+        keys: settings.keys,
+        duplicates: settings.duplicates,
+        rate: 0,
+        id_prefix: "t".into(),
+    };
+    let warm_up = (settings.dedup_preload > 0).then(|| Load {
+        events: settings.dedup_preload,
+        duplicates: 0.0,
+        id_prefix: "w".into(),
+        ..load.clone()
+    });
+    bar.set_message(format!("{}: preloading", settings.system.id()));
+    let produced = generate(&brokers, warm_up.as_ref().unwrap_or(&load).clone())
+        .done()
+        .await
+        .map_err(|e| format!("preload: {e}"))?;
+    let expected = if settings.system.dedups() {
+        load.unique_events()
+    } else {
+        load.events
+    };
+
+    let reader = Reader::start(&brokers, &output, settings.partitions, Offset::Beginning)?;
+    let state = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let log = env.log_dir.join(format!("{name}.log"));
+    let commands = (0..settings.instances)
+        .map(|instance| command(env, settings, &brokers, &name, instance, state.path()))
+        .collect();
+    let contender = Contender::start(commands, &log).map_err(|e| e.to_string())?;
+    let mut watch = Watch {
+        reader: &reader,
+        contender,
+        bar,
+        log: &log,
+        what: settings.system.id(),
+    };
+
+    if let Some(warm_up) = &warm_up {
+        bar.set_message(format!("{}: dedup log warm-up", settings.system.id()));
+        watch.collect('w', warm_up.events, env.run_timeout, |_, _| {})?;
+    }
+    let generator = warm_up.is_some().then(|| generate(&brokers, load.clone()));
+
+    // Throughput.
+    bar.set_message(format!("{}: throughput", settings.system.id()));
+    let mut first_processed = i64::MAX;
+    let mut last_visible = 0i64;
+    let mut seen = 0u64;
+    // CPU from the first output on, so that start-up (a JVM's above all) is not counted
+    // per event.
+    let mut at_first_output: Option<(u64, Usage)> = None;
+    watch.collect('t', expected, env.run_timeout, |out, contender| {
+        seen += 1;
+        if at_first_output.is_none() {
+            at_first_output = Some((seen, contender.usage()));
+        }
+        first_processed = first_processed.min(out.processed_us);
+        last_visible = last_visible.max(out.visible_us);
+    })?;
+    let usage = watch.contender.usage();
+    let produced = match generator {
+        Some(generator) => generator.done().await.map_err(|e| format!("load: {e}"))?,
+        None => produced,
+    };
+    let seconds = ((last_visible - first_processed) as f64 / 1e6).max(1e-6);
+    let mut result = RunResult {
+        throughput: settings.events as f64 / seconds,
+        generator_rate: produced.rate(),
+        latency_ms: None,
+        usage,
+        cpu_us_per_event: at_first_output.map_or(0.0, |(from, at)| {
+            (usage.cpu_seconds - at.cpu_seconds) * 1e6 / (seen - from).max(1) as f64
+        }),
+    };
+
+    // Latency at a fixed offered rate.
+    if settings.latency_rate > 0 && settings.latency_events > 0 {
+        bar.set_message(format!(
+            "{}: latency at {} ev/s",
+            settings.system.id(),
+            settings.latency_rate
+        ));
+        let load = Load {
+            events: settings.latency_events,
+            duplicates: 0.0,
+            rate: settings.latency_rate,
+            id_prefix: "l".into(),
+            ..load
+        };
+        let target = load.events;
+        let generator = generate(&brokers, load);
+        let mut histogram =
+            Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+        let patience =
+            env.run_timeout + Duration::from_secs_f64(target as f64 / settings.latency_rate as f64);
+        watch.collect('l', target, patience, |out, _| {
+            histogram.saturating_record((out.visible_us - out.sent_us).max(1) as u64);
+        })?;
+        generator
+            .done()
+            .await
+            .map_err(|e| format!("latency load: {e}"))?;
+        result.latency_ms =
+            Some([0.5, 0.99, 0.999].map(|q| histogram.value_at_quantile(q) as f64 / 1000.0));
+    }
+    let Watch { contender, .. } = watch;
+    drop(contender);
+    reader.stop();
+    drop(state);
+    delete_topics(&brokers, &name).await;
+    Ok(result)
+}
+
+/// Starts the load generator on the blocking pool, now; await the result for its rate.
+fn generate(brokers: &str, load: Load) -> Generator {
+    let brokers = brokers.to_owned();
+    Generator(tokio::task::spawn_blocking(move || {
+        produce(&brokers, &load)
+    }))
+}
+
+/// A load generator running.
+struct Generator(tokio::task::JoinHandle<Result<Produced, rdkafka::error::KafkaError>>);
+
+impl Generator {
+    /// What it produced, once it is done.
+    async fn done(self) -> Result<Produced, String> {
+        self.0
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A running contender and the reader of its outputs.
+struct Watch<'a> {
+    reader: &'a Reader,
+    contender: Contender,
+    bar: &'a ProgressBar,
+    log: &'a Path,
+    what: &'static str,
+}
+
+impl Watch<'_> {
+    /// Waits for `expected` outputs of `phase`, handing each to `seen`; fails with the
+    /// contender's log if it exits or `patience` runs out first.
+    fn collect(
+        &mut self,
+        phase: char,
+        expected: u64,
+        patience: Duration,
+        mut seen: impl FnMut(&Seen, &Contender),
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + patience;
+        self.bar.set_length(expected);
+        self.bar.set_position(0);
+        let mut count = 0u64;
+        while count < expected {
+            match self.reader.outputs.recv_timeout(Duration::from_millis(200)) {
+                Ok(out) if out.phase == phase => {
+                    count += 1;
+                    seen(&out, &self.contender);
+                    if count.is_multiple_of(1024) {
+                        self.bar.set_position(count);
+                    }
+                }
+                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err("the output reader stopped".into());
+                }
+            }
+            let problem = if !self.contender.alive() {
+                "exited"
+            } else if Instant::now() > deadline {
+                "ran out of time"
+            } else {
+                continue;
+            };
+            let text = std::fs::read_to_string(self.log).unwrap_or_default();
+            let start = text.floor_char_boundary(text.len().saturating_sub(3000));
+            return Err(format!(
+                "{} {problem} after {count} of {expected} outputs ({phase}); log {}:\n{}",
+                self.what,
+                self.log.display(),
+                &text[start..]
+            ));
+        }
+        self.bar.set_position(count);
+        Ok(())
+    }
+}
+
+/// Deletes every topic whose name starts with `prefix` (the run's input, output,
+/// changelog and Kafka Streams' internal topics), so that a long report does not fill the
+/// broker's disk. Best effort: a topic left behind costs space, not correctness.
+async fn delete_topics(brokers: &str, prefix: &str) {
+    let Ok(admin) = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create::<AdminClient<DefaultClientContext>>()
+    else {
+        return;
+    };
+    let Ok(metadata) = admin.inner().fetch_metadata(None, Duration::from_secs(10)) else {
+        return;
+    };
+    let topics: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .filter(|t| t.starts_with(prefix))
+        .collect();
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    if !names.is_empty() {
+        let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
+    }
+}
+
+/// The command line of one instance of a contender.
+fn command(
+    env: &Environment,
+    settings: &RunSettings,
+    brokers: &str,
+    name: &str,
+    instance: usize,
+    state: &Path,
+) -> Command {
+    let input = format!("{name}-in");
+    let output = format!("{name}-out");
+    let interval_ms = settings.commit_interval.as_millis().to_string();
+    if settings.system == System::Streams {
+        let mut command = Command::new("java");
+        // RocksDB unpacks its native library into java.io.tmpdir and a killed JVM never
+        // removes it: keep it in the run's own directory, deleted after the run.
+        let mut tmpdir = std::ffi::OsString::from("-Djava.io.tmpdir=");
+        tmpdir.push(state);
+        command
+            .arg(tmpdir)
+            .args(["-jar"])
+            .arg(&env.streams_jar)
+            .args(["--brokers", brokers, "--input", &input, "--output", &output])
+            .args([
+                "--application-id",
+                name,
+                "--commit-interval-ms",
+                &interval_ms,
+            ])
+            .arg("--state-dir")
+            .arg(state.join(format!("streams-{instance}")));
+        return command;
+    }
+    let mut command = Command::new(&env.exe);
+    let subcommand = match settings.system {
+        System::Raw => "raw",
+        System::RawTransactional => "raw-txn",
+        _ => "onceflow",
+    };
+    command
+        .arg(subcommand)
+        .args(["--brokers", brokers, "--input", &input, "--output", &output])
+        .args(["--group", name, "--commit-interval-ms", &interval_ms])
+        .args(["--max-batch", &settings.max_batch.to_string()])
+        .args(["--instance", &format!("i{instance}")])
+        .arg("--state-dir")
+        .arg(state);
+    let mode = match settings.system {
+        System::AtMostOnce => Some("at-most-once"),
+        System::AtLeastOnce => Some("at-least-once"),
+        System::ExactlyOnce => Some("exactly-once"),
+        _ => None,
+    };
+    if let Some(mode) = mode {
+        command.args(["--delivery", mode]);
+        for property in &env.onceflow_kafka {
+            command.args(["--kafka", property]);
+        }
+    }
+    command
+}
+
+/// One output as the reader saw it.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// `t` (throughput) or `l` (latency): the first letter of the event ID.
+    phase: char,
+    sent_us: i64,
+    processed_us: i64,
+    visible_us: i64,
+}
+
+/// What the reader needs of an output (an input parses too: pointed at the input topic,
+/// the reader measures the load generator and the broker alone).
+#[derive(serde::Deserialize)]
+struct Stamp {
+    id: String,
+    sent_us: i64,
+    #[serde(default)]
+    processed_us: i64,
+}
+
+/// A `read_committed` consumer of the output topic on a thread of its own.
+struct Reader {
+    outputs: Receiver<Seen>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Reader {
+    fn start(brokers: &str, topic: &str, partitions: i32, from: Offset) -> Result<Reader, String> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", onceflow::testkit::unique_name("bench-reader"))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .map_err(|e| format!("reader: {e}"))?;
+        let mut assignment = TopicPartitionList::new();
+        for partition in 0..partitions {
+            assignment
+                .add_partition_offset(topic, partition, from)
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&assignment).map_err(|e| e.to_string())?;
+        let (sender, outputs) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                let Some(Ok(message)) = consumer.poll(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let visible_us = now_us();
+                let Ok(out) =
+                    serde_json::from_slice::<Stamp>(message.payload().unwrap_or_default())
+                else {
+                    continue;
+                };
+                let seen = Seen {
+                    phase: out.id.chars().next().unwrap_or('?'),
+                    sent_us: out.sent_us,
+                    processed_us: out.processed_us,
+                    visible_us,
+                };
+                if sender.send(seen).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Reader {
+            outputs,
+            stop,
+            thread,
+        })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        drop(self.outputs);
+        let _ = self.thread.join();
+    }
+}
+
+/// Progress bars: one for the whole report, one for the current run.
+#[derive(Debug)]
+pub struct Progress {
+    /// Runs done of all runs.
+    pub overall: ProgressBar,
+    /// Outputs seen in the current run.
+    pub run: ProgressBar,
+}
+
+impl Progress {
+    /// Bars for `runs` runs (hidden when `quiet`).
+    pub fn new(runs: u64, quiet: bool) -> Progress {
+        let multi = MultiProgress::new();
+        if quiet {
+            multi.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        let overall = multi.add(ProgressBar::new(runs));
+        overall.set_style(
+            ProgressStyle::with_template("[{elapsed_precise}] runs {pos}/{len} {bar:30} {msg}")
+                .expect("a valid template"),
+        );
+        let run = multi.add(ProgressBar::new(1));
+        run.set_style(
+            ProgressStyle::with_template("  {msg:32} {bar:30} {pos}/{len} {per_sec}")
+                .expect("a valid template"),
+        );
+        Progress { overall, run }
+    }
+}

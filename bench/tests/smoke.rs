@@ -1,0 +1,106 @@
+//! The benchmark's smoke test: every contender starts, processes a tiny load and is
+//! measured, and the report is well-formed. Nothing here is about speed.
+
+use std::process::Command;
+
+const CONTENDERS: [&str; 6] = [
+    "a. raw rdkafka, auto-commit",
+    "b. raw rdkafka, transactions",
+    "c. onceflow at-most-once",
+    "c. onceflow at-least-once",
+    "c. onceflow exactly-once",
+    "d. Kafka Streams exactly_once_v2",
+];
+
+/// The rows of the table under `heading`: cells of each line up to the next heading.
+fn table<'a>(report: &'a str, heading: &str) -> Vec<Vec<&'a str>> {
+    let start = report
+        .find(heading)
+        .unwrap_or_else(|| panic!("no `{heading}` in the report:\n{report}"));
+    report[start..]
+        .lines()
+        .skip(1)
+        .take_while(|line| !line.starts_with("## "))
+        .filter(|line| line.starts_with("| ") && !line.starts_with("| ---"))
+        .skip(1)
+        .map(|line| line.trim_matches('|').split(" | ").map(str::trim).collect())
+        .collect()
+}
+
+fn number(cell: &str) -> Option<f64> {
+    cell.split_whitespace()
+        .next()?
+        .trim_end_matches('×')
+        .parse()
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_contender_runs_and_the_report_is_well_formed() {
+    // Starts (or reuses, with ONCEFLOW_TEST_BOOTSTRAP) the test broker in this process,
+    // so the child driver does not start a second one.
+    let kafka = onceflow::testkit::kafka().await;
+    let out = tempfile::tempdir().expect("a temporary directory");
+    let output = Command::new(env!("CARGO_BIN_EXE_onceflow-bench"))
+        .args(["report", "--brokers", kafka.bootstrap_servers()])
+        .args([
+            "--events",
+            "300",
+            "--latency-events",
+            "100",
+            "--latency-rate",
+            "500",
+        ])
+        .args([
+            "--partitions",
+            "2",
+            "--repeats",
+            "1",
+            "--no-sweeps",
+            "--quiet",
+        ])
+        .args(["--run-timeout", "120"])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("the driver runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the driver failed:\n{stderr}");
+
+    let file = std::fs::read_dir(out.path())
+        .expect("the output directory")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| path.extension().is_some_and(|e| e == "md"))
+        .expect("a <date>.md report");
+    let report = std::fs::read_to_string(&file).expect("the report reads");
+
+    for (heading, columns) in [("## Throughput", 7), ("## Latency at", 6)] {
+        let rows = table(&report, heading);
+        for contender in CONTENDERS {
+            let row = rows
+                .iter()
+                .find(|row| row[0] == contender)
+                .unwrap_or_else(|| panic!("no row for {contender} under {heading}:\n{report}"));
+            assert_eq!(row.len(), columns, "{heading}, {contender}: {row:?}");
+            for cell in &row[1..] {
+                let value = number(cell)
+                    .unwrap_or_else(|| panic!("{heading}, {contender}: `{cell}` is no number"));
+                assert!(value.is_finite() && value >= 0.0, "{contender}: {cell}");
+            }
+        }
+    }
+    let targets = table(&report, "## Targets");
+    assert_eq!(targets.len(), 5, "five targets:\n{report}");
+    assert!(
+        targets.iter().all(|row| ["yes", "no"].contains(&row[2])),
+        "every target measured:\n{report}"
+    );
+    for chart in ["latency", "rss"] {
+        let png = file.with_file_name(format!(
+            "{}-{chart}.png",
+            file.file_stem().and_then(|s| s.to_str()).expect("a date")
+        ));
+        let bytes = std::fs::read(&png).unwrap_or_else(|_| panic!("{} missing", png.display()));
+        assert!(bytes.starts_with(b"\x89PNG"), "{} is a PNG", png.display());
+    }
+}
