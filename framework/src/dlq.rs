@@ -34,10 +34,10 @@ impl DeadLetterReplay {
     pub fn new(config: &EngineConfig) -> Self {
         let group = format!("{}-dlq-replay", config.group);
         DeadLetterReplay {
-            options: ClientOptions {
-                bootstrap_servers: config.bootstrap_servers.clone(),
-                properties: config.kafka_properties.clone(),
-            },
+            options: ClientOptions::with_properties(
+                &config.bootstrap_servers,
+                &config.kafka_properties,
+            ),
             plan: ReplayPlan {
                 dead_letter_topic: config.dead_letter_topic(),
                 transactional_id: group.clone(),
