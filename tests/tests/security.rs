@@ -228,6 +228,17 @@ async fn sasl_scram_over_tls_runs_the_exactly_once_flow() {
         .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_plain_over_tls_runs_the_exactly_once_flow() {
+    let (distinct, produced) = workload();
+    let service = Service::new(ALLOWED_PREFIX, &produced).await;
+    let mut args = service.args(&service.kafka.sasl_ssl_bootstrap());
+    args.extend(sasl_flags(service.kafka, TestUser::Plain));
+    service
+        .run_exactly_once(&args, &[], "plain", (&distinct, &produced))
+        .await;
+}
+
 /// Runs a service that must stop by itself on a refusal: its exit status, how long it
 /// took, and its log; and checks that it committed nothing.
 async fn refused(

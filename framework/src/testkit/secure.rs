@@ -2,7 +2,8 @@
 //! TLS listeners, ACLs enforced, and a plaintext listener for the tests' own set-up.
 //!
 //! ```text
-//!  host 127.0.0.1:<a> ─► SASL_SSL  :9092  SCRAM users alice, nowrite, notxn (random passwords)
+//!  host 127.0.0.1:<a> ─► SASL_SSL  :9092  SCRAM users alice, nowrite, notxn; PLAIN plainuser
+//!                                         (random passwords)
 //!  host 127.0.0.1:<b> ─► SSL       :9095  client certificate required (User:CN=onceflow-client)
 //!  host 127.0.0.1:<c> ─► ADMIN     :9096  plaintext, User:ANONYMOUS, a super user: the tests' set-up
 //!                        BROKER    :9094  plaintext, inside the container only
@@ -15,7 +16,7 @@
 //!
 //! | principal | `sec-` topics and groups | `sec-` transactional IDs | `locked-` topics |
 //! | --- | --- | --- | --- |
-//! | `User:alice`, `User:CN=onceflow-client` | all | all | none |
+//! | `User:alice`, `User:plainuser`, `User:CN=onceflow-client` | all | all | none |
 //! | `User:nowrite` | all | all | describe only |
 //! | `User:notxn` | all | none | none |
 
@@ -36,11 +37,13 @@ pub const ALLOWED_PREFIX: &str = "sec-";
 /// Prefix of topics `nowrite` may describe but not write.
 pub const LOCKED_PREFIX: &str = "locked-";
 
-/// A SCRAM user of the secured broker.
+/// A SASL user of the secured broker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TestUser {
     /// Everything on `sec-` topics, groups and transactional IDs.
     Alice,
+    /// Like alice, but a SASL/PLAIN user (configured in the broker's JAAS settings).
+    Plain,
     /// Like alice, plus describe (but not write) on `locked-` topics.
     NoWrite,
     /// Everything on `sec-` topics and groups, but no transactional-ID ACL.
@@ -48,8 +51,9 @@ pub enum TestUser {
 }
 
 impl TestUser {
-    const ALL: [TestUser; 3] = [
+    const ALL: [TestUser; 4] = [
         TestUser::Alice,
+        TestUser::Plain,
         TestUser::NoWrite,
         TestUser::NoTransactionalId,
     ];
@@ -58,8 +62,17 @@ impl TestUser {
     pub fn name(self) -> &'static str {
         match self {
             TestUser::Alice => "alice",
+            TestUser::Plain => "plainuser",
             TestUser::NoWrite => "nowrite",
             TestUser::NoTransactionalId => "notxn",
+        }
+    }
+
+    /// Its `sasl.mechanism`.
+    pub fn mechanism(self) -> &'static str {
+        match self {
+            TestUser::Plain => "PLAIN",
+            _ => "SCRAM-SHA-512",
         }
     }
 }
@@ -151,11 +164,12 @@ impl SecureKafka {
         ]
     }
 
-    /// The properties of a SCRAM-SHA-512 client over SASL_SSL, as `user` with `password`.
+    /// The properties of a SASL client (SCRAM-SHA-512, or PLAIN for [`TestUser::Plain`])
+    /// over SASL_SSL, as `user` with `password`.
     pub fn sasl_properties(&self, user: TestUser, password: &str) -> Vec<(String, String)> {
         vec![
             ("security.protocol".into(), "SASL_SSL".into()),
-            ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+            ("sasl.mechanism".into(), user.mechanism().into()),
             ("sasl.username".into(), user.name().into()),
             ("sasl.password".into(), password.into()),
             (
@@ -186,8 +200,13 @@ async fn start() -> Result<SecureKafka> {
         .map(|user| (*user, unique_name("pw").replace('-', "")))
         .collect();
     let container_pki = pki.clone();
+    let plain = passwords
+        .iter()
+        .find(|(user, _)| *user == TestUser::Plain)
+        .map(|(_, password)| password.clone())
+        .unwrap_or_default();
     let (id, [sasl_ssl_port, mtls_port, admin_port]) = DOCKER
-        .spawn(async move { start_container(&container_pki).await })
+        .spawn(async move { start_container(&container_pki, &plain).await })
         .await
         .map_err(|e| Error::Broker(format!("starting the secured container: {e}")))??;
     let admin = Kafka {
@@ -251,7 +270,7 @@ const SETUP: &str = "/opt/kafka/SecureSetup.java";
 
 /// Starts the container; returns its ID and the host ports of the SASL_SSL, mutual-TLS
 /// and admin listeners.
-async fn start_container(pki: &TestPki) -> Result<(String, [u16; 3])> {
+async fn start_container(pki: &TestPki, plain_password: &str) -> Result<(String, [u16; 3])> {
     let image = broker::choose_image().await;
     let broker_pem = format!("{}{}", pki.broker.private_key, pki.broker.certificate);
     broker::start_with_ports(&image, |[sasl_ssl, mtls, admin]| {
@@ -290,7 +309,15 @@ async fn start_container(pki: &TestPki) -> Result<(String, [u16; 3])> {
             // The plaintext listeners (controller, inter-broker, the tests' set-up) have
             // no authentication, so their principal is ANONYMOUS; nothing else is.
             .with_env_var("KAFKA_SUPER_USERS", "User:ANONYMOUS")
-            .with_env_var("KAFKA_SASL_ENABLED_MECHANISMS", "SCRAM-SHA-512")
+            .with_env_var("KAFKA_SASL_ENABLED_MECHANISMS", "SCRAM-SHA-512,PLAIN")
+            .with_env_var(
+                "KAFKA_LISTENER_NAME_SASL__SSL_PLAIN_SASL_JAAS_CONFIG",
+                format!(
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required \
+                     user_{}=\"{plain_password}\";",
+                    TestUser::Plain.name()
+                ),
+            )
             .with_env_var(
                 "KAFKA_LISTENER_NAME_SASL__SSL_SCRAM___SHA___512_SASL_JAAS_CONFIG",
                 "org.apache.kafka.common.security.scram.ScramLoginModule required;",
@@ -314,10 +341,16 @@ async fn start_container(pki: &TestPki) -> Result<(String, [u16; 3])> {
 async fn create_users_and_acls(id: &str, passwords: &[(TestUser, String)]) -> Result<()> {
     let mut lines: Vec<String> = passwords
         .iter()
+        .filter(|(user, _)| user.mechanism().starts_with("SCRAM"))
         .map(|(user, password)| format!("scram {} {password}", user.name()))
         .collect();
     let mtls = format!("User:CN={}", super::pki::CLIENT_COMMON_NAME);
-    let everything = ["User:alice", mtls.as_str(), "User:nowrite"];
+    let everything = [
+        "User:alice",
+        "User:plainuser",
+        mtls.as_str(),
+        "User:nowrite",
+    ];
     for principal in everything.iter().chain(["User:notxn"].iter()) {
         for resource in ["TOPIC", "GROUP"] {
             lines.push(format!(
