@@ -355,6 +355,15 @@ pub(super) async fn start_with_ports<const N: usize>(
     Err(last_error)
 }
 
+/// Directories the testkit made (the secured broker's certificates), removed at exit.
+static TEMPORARY_DIRS: Mutex<Vec<std::path::PathBuf>> = Mutex::const_new(Vec::new());
+
+/// Removes `dir` when the process exits.
+pub(super) async fn remove_at_exit(dir: std::path::PathBuf) {
+    TEMPORARY_DIRS.lock().await.push(dir);
+    register_removal_at_exit();
+}
+
 /// The started containers, for a command to run in one of them.
 pub(super) async fn containers()
 -> tokio::sync::MutexGuard<'static, Vec<ContainerAsync<GenericImage>>> {
@@ -389,8 +398,8 @@ async fn container_log_tail(container: &ContainerAsync<GenericImage>, lines: usi
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Statics are never dropped, so the shared container would outlive the test binary;
-/// remove it when the process exits.
+/// Statics are never dropped, so the containers would outlive the test binary (and the
+/// certificates stay in the temporary directory): remove them when the process exits.
 fn register_removal_at_exit() {
     extern "C" fn remove_container() {
         // On a thread of its own: when `main` returns (rather than the test harness
@@ -401,6 +410,9 @@ fn register_removal_at_exit() {
                 DOCKER.block_on(async {
                     for container in CONTAINERS.lock().await.drain(..) {
                         let _ = container.rm().await;
+                    }
+                    for dir in TEMPORARY_DIRS.lock().await.drain(..) {
+                        let _ = std::fs::remove_dir_all(dir);
                     }
                 });
             });

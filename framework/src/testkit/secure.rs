@@ -195,6 +195,7 @@ async fn start() -> Result<SecureKafka> {
     let timeout = broker::ready_timeout()?;
     let pki = TestPki::generate()?;
     let files = write_files(&pki)?;
+    broker::remove_at_exit(files.clone()).await;
     let passwords: Vec<(TestUser, String)> = TestUser::ALL
         .iter()
         .map(|user| (*user, unique_name("pw").replace('-', "")))
