@@ -160,3 +160,53 @@ fn help_lists_every_option_with_its_default() {
         assert!(help.contains(command), "{command} missing:\n{help}");
     }
 }
+
+/// Runs `billing` (the default `run` subcommand) against a broker that is never reached:
+/// the state directory is checked before anything connects.
+fn run_with_state_dir(state_dir: &std::path::Path) -> (i32, String) {
+    let output = Command::new(common::example("billing"))
+        .args(["--brokers", "127.0.0.1:9", "--metrics-address", "off"])
+        .args(["--instance-id", "perm-test", "--state-dir"])
+        .arg(state_dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("billing runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_state_dir_others_may_write_to_or_another_user_owns_stops_the_instance() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().expect("dir");
+    let open = root.path().join("shared");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let (code, err) = run_with_state_dir(&open);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&open.display().to_string()) && err.contains("mode 0777"),
+        "{err}"
+    );
+    assert!(err.contains("writable by everyone"), "{err}");
+
+    // Giving a directory away takes root, which CI is.
+    let is_root = Command::new("id").arg("-u").output().expect("id").stdout == b"0\n";
+    if is_root {
+        let theirs = root.path().join("theirs");
+        std::fs::create_dir(&theirs).expect("mkdir");
+        let chown = Command::new("chown")
+            .arg("4242")
+            .arg(&theirs)
+            .status()
+            .expect("chown");
+        assert!(chown.success());
+        let (code, err) = run_with_state_dir(&theirs);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("owned by uid 4242"), "{err}");
+    } else {
+        eprintln!("not root: the owner check is covered by the unit test on `/`");
+    }
+}

@@ -72,7 +72,10 @@ impl std::str::FromStr for ErrorPolicy {
 const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Everything the engine needs to run one instance of an operator.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output shows secret Kafka properties (`sasl.password`, `ssl.key.pem`, …) as
+/// `[redacted]`.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct EngineConfig {
     /// `host:port[,host:port…]` of the cluster.
@@ -118,6 +121,36 @@ pub struct EngineConfig {
     pub max_attempts: u32,
     /// …within at most this long (default 10 s); then it is handled per `on_error`.
     pub max_retry_time: Duration,
+}
+
+impl std::fmt::Debug for EngineConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("group", &self.group)
+            .field("instance_id", &self.instance_id)
+            .field("input_topic", &self.input_topic)
+            .field("output_topics", &self.output_topics)
+            .field("state_dir", &self.state_dir)
+            .field("changelog_topic", &self.changelog_topic)
+            .field("commit_interval", &self.commit_interval)
+            .field("max_batch_records", &self.max_batch_records)
+            .field("delivery", &self.delivery)
+            .field("dedup_window", &self.dedup_window)
+            .field("dedup_max_entries", &self.dedup_max_entries)
+            .field("event_id_header", &self.event_id_header)
+            .field("require_event_id", &self.require_event_id)
+            .field("transaction_timeout", &self.transaction_timeout)
+            .field(
+                "kafka_properties",
+                &crate::redact::Properties(&self.kafka_properties),
+            )
+            .field("on_error", &self.on_error)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("max_attempts", &self.max_attempts)
+            .field("max_retry_time", &self.max_retry_time)
+            .finish()
+    }
 }
 
 impl EngineConfig {

@@ -34,10 +34,10 @@ impl DeadLetterReplay {
     pub fn new(config: &EngineConfig) -> Self {
         let group = format!("{}-dlq-replay", config.group);
         DeadLetterReplay {
-            options: ClientOptions {
-                bootstrap_servers: config.bootstrap_servers.clone(),
-                properties: config.kafka_properties.clone(),
-            },
+            options: ClientOptions::with_properties(
+                &config.bootstrap_servers,
+                &config.kafka_properties,
+            ),
             plan: ReplayPlan {
                 dead_letter_topic: config.dead_letter_topic(),
                 transactional_id: group.clone(),
@@ -78,12 +78,23 @@ impl DeadLetterReplay {
         self
     }
 
-    /// Runs the replay to the current end of the dead-letter topic.
+    /// Runs the replay to the current end of the dead-letter topic. Refused credentials
+    /// and missing ACLs stop it as they stop the engine ([`crate::Error::Authentication`],
+    /// [`crate::Error::Unauthorized`]).
     pub async fn run(self) -> Result<ReplaySummary> {
+        kafka::check_connection(&self.options, Duration::from_secs(30)).await?;
+        let options = self.options.clone();
+        let names = kafka::Resources {
+            group: self.plan.group.clone(),
+            transactional_id: Some(self.plan.transactional_id.clone()),
+            input: self.plan.dead_letter_topic.clone(),
+            writes: self.plan.target.iter().cloned().collect(),
+        };
         let (replayed, passed_over) = kafka::blocking("replay dead letters", move || {
             kafka::replay_dead_letters(&self.options, &self.plan)
         })
-        .await?;
+        .await
+        .map_err(|error| kafka::explain(error, &options, &names))?;
         Ok(ReplaySummary {
             replayed,
             passed_over,

@@ -115,6 +115,33 @@ pub enum Error {
         /// The broker's error.
         detail: String,
     },
+    /// The cluster refused this client's credentials: a wrong password, an unknown user,
+    /// a mechanism it does not enable, or a client certificate it does not trust.
+    #[error(
+        "authentication failed as {principal}: {detail}; check sasl.username and sasl.password \
+         (or the client certificate and key), sasl.mechanism and security.protocol"
+    )]
+    Authentication {
+        /// Who the client tried to be, e.g. `User:alice`.
+        principal: String,
+        /// librdkafka's report.
+        detail: String,
+    },
+    /// The cluster authenticated this client, but an ACL it needs is missing.
+    #[error(
+        "not authorized: {principal} lacks the ACL {acl} ({operation} failed: {detail}); \
+         grant it (e.g. kafka-acls.sh --add --allow-principal {principal} …) and start again"
+    )]
+    Unauthorized {
+        /// Who the broker saw, e.g. `User:alice` or the client certificate's subject.
+        principal: String,
+        /// The missing ACL: operation and resource, e.g. WRITE on topic `invoices`.
+        acl: String,
+        /// The call that was refused.
+        operation: String,
+        /// The broker's error.
+        detail: String,
+    },
     /// The test broker could not be started or reached (feature `testkit`).
     #[error("{0}")]
     Broker(String),
@@ -207,6 +234,8 @@ impl Error {
                 | Error::State { .. }
                 | Error::Fenced { .. }
                 | Error::UndeclaredOutput { .. }
+                | Error::Authentication { .. }
+                | Error::Unauthorized { .. }
         )
     }
 

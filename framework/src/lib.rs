@@ -28,6 +28,7 @@ mod error;
 mod event;
 mod kafka;
 mod processor;
+mod redact;
 #[cfg(feature = "runner")]
 mod runner;
 mod txlog;

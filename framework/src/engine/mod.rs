@@ -36,14 +36,16 @@ use tracing::Instrument;
 
 pub use stats::{Phase, Shutdown, Stats, StatsSnapshot};
 
-use crate::config::{DeliveryMode, EngineConfig};
+use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
 use crate::kafka::{self, ClientOptions, InputConsumer, Isolation, OutputProducer, Rebalanced};
 use crate::processor::Processor;
-use crate::txlog::{Opened, TxLog};
+use crate::txlog::{self, Opened, TxLog};
 use crate::{Error, Result};
 
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+/// How long the start-up connection check waits for the cluster to answer.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Named points (feature `failpoints`): `onceflow-after-process`, `onceflow-after-produce`,
 /// `onceflow-before-send-offsets`, `onceflow-before-commit`,
@@ -97,7 +99,33 @@ impl Engine {
 
     /// Consumes, processes and commits until shut down (then returns the counters) or
     /// until a fatal error (fenced, bad configuration, a permanent processing error).
-    pub async fn run<P: Processor>(self, mut processor: P) -> Result<StatsSnapshot> {
+    ///
+    /// A refused credential stops it with [`Error::Authentication`], a missing ACL with
+    /// [`Error::Unauthorized`] naming the ACL and the principal.
+    pub async fn run<P: Processor>(self, processor: P) -> Result<StatsSnapshot> {
+        let config = &self.config;
+        let options =
+            ClientOptions::with_properties(&config.bootstrap_servers, &config.kafka_properties);
+        let mut writes: Vec<String> = config.output_topics.clone();
+        writes.extend(processor.output_topics().iter().map(|t| (*t).to_owned()));
+        writes.push(config.changelog_topic());
+        if config.on_error == ErrorPolicy::DeadLetter {
+            writes.push(config.dead_letter_topic());
+        }
+        writes.dedup();
+        let names = kafka::Resources {
+            group: config.group.clone(),
+            transactional_id: (config.delivery == DeliveryMode::ExactlyOnce)
+                .then(|| config.transactional_id()),
+            input: config.input_topic.clone(),
+            writes,
+        };
+        self.run_until_stopped(processor)
+            .await
+            .map_err(|error| kafka::explain(error, &options, &names))
+    }
+
+    async fn run_until_stopped<P: Processor>(self, mut processor: P) -> Result<StatsSnapshot> {
         let mut config = self.config;
         if let Some(declared) = processor.input_topic()
             && declared != config.input_topic
@@ -116,13 +144,19 @@ impl Engine {
                 config.output_topics.push((*topic).to_owned());
             }
         }
-        let options = ClientOptions {
-            bootstrap_servers: config.bootstrap_servers.clone(),
-            properties: config.kafka_properties.clone(),
-        };
+        let options =
+            ClientOptions::with_properties(&config.bootstrap_servers, &config.kafka_properties);
         let dir = config.instance_dir();
-        let (txlog, opened) =
-            kafka::blocking("open the transaction log", move || TxLog::open(&dir)).await?;
+        let root = config.state_dir.clone();
+        let (txlog, opened) = kafka::blocking("open the transaction log", move || {
+            // The instance's own directory is checked by `open`; a state dir that existed
+            // before must not be someone else's either.
+            if root.is_dir() {
+                txlog::check_private(&root)?;
+            }
+            TxLog::open(&dir)
+        })
+        .await?;
         let txlog = Arc::new(txlog);
         match &opened {
             Opened::Rebuilt { reason } => {
@@ -133,6 +167,7 @@ impl Engine {
             }
         }
         log_contents(&txlog);
+        kafka::check_connection(&options, CONNECT_TIMEOUT).await?;
         recovery::check_topics(&options, &config).await?;
 
         let mut producer = new_producer(&options, &config).await?;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 #[cfg(feature = "testkit")]
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
@@ -150,9 +150,21 @@ pub(crate) async fn partition_count(
         .map_err(|e| kafka_error("create metadata client", e))?;
     let topic = topic.to_owned();
     blocking("fetch topic metadata", move || {
+        let operation = format!("fetch metadata of `{topic}`");
         let metadata = consumer
             .fetch_metadata(Some(&topic), timeout)
-            .map_err(|e| kafka_error(format!("fetch metadata of `{topic}`"), e))?;
+            .map_err(|e| kafka_error(&operation, e))?;
+        // A topic the principal may not describe is listed with an error; it is not missing.
+        if let Some(code) = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .and_then(|t| t.error())
+            .map(RDKafkaErrorCode::from)
+            .filter(|code| *code == RDKafkaErrorCode::TopicAuthorizationFailed)
+        {
+            return Err(kafka_error(operation, KafkaError::MetadataFetch(code)));
+        }
         Ok(metadata
             .topics()
             .iter()

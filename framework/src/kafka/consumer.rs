@@ -90,12 +90,7 @@ impl RebalanceLog {
 
 /// Statistics feed the lag metric every 5 s, unless the user chose another interval.
 fn statistics_interval(options: &ClientOptions) -> &str {
-    options
-        .properties
-        .iter()
-        .rev()
-        .find(|(key, _)| key == "statistics.interval.ms")
-        .map_or("5000", |(_, value)| value.as_str())
+    options.property("statistics.interval.ms").unwrap_or("5000")
 }
 
 fn partitions(list: &TopicPartitionList) -> Vec<i32> {

@@ -2,15 +2,27 @@
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
+use super::security;
 use crate::Error;
 use crate::error::ErrorClass;
+use crate::redact;
 
 /// Translates an rdkafka error raised by `operation`.
 pub(crate) fn kafka_error(operation: impl Into<String>, error: KafkaError) -> Error {
     let operation = operation.into();
+    if let KafkaError::ClientConfig(_, description, key, value) = &error {
+        // rdkafka's message echoes the value, which may be a password or a private key.
+        return Error::Config {
+            key: key.clone(),
+            value: redact::shown(key, value).to_owned(),
+            accepted: format!("a value librdkafka accepts ({description})"),
+        };
+    }
     if let KafkaError::Transaction(rd) = &error {
         // Transactional API errors carry librdkafka's own verdict; use it as is.
-        let class = if rd.is_fatal() {
+        // A refused credential or a missing ACL stays refused however often the call
+        // is made or the transaction aborted: stop, whatever else librdkafka says.
+        let class = if rd.is_fatal() || security::is_refused(rd.code()) {
             ErrorClass::Fatal
         } else if rd.txn_requires_abort() {
             ErrorClass::Abortable
@@ -38,6 +50,9 @@ pub(crate) fn kafka_error(operation: impl Into<String>, error: KafkaError) -> Er
 /// Classifies a bare error code, for calls outside the transactional API.
 fn classify_code(code: RDKafkaErrorCode) -> ErrorClass {
     use RDKafkaErrorCode as C;
+    if security::is_refused(code) {
+        return ErrorClass::Fatal;
+    }
     match code {
         C::Fenced
         | C::ProducerFenced
@@ -80,5 +95,35 @@ mod tests {
             KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut),
         );
         assert!(timeout.is_retriable(), "{timeout}");
+    }
+
+    #[test]
+    fn refusals_are_fatal_even_where_librdkafka_would_abort_and_retry() {
+        for code in [
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+            RDKafkaErrorCode::SaslAuthenticationFailed,
+        ] {
+            let error = kafka_error("produce to `x`", KafkaError::MessageProduction(code));
+            assert!(error.is_fatal() && !error.is_retriable(), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_rejected_secret_property_is_not_echoed() {
+        let error = kafka_error(
+            "create the consumer",
+            KafkaError::ClientConfig(
+                rdkafka::types::RDKafkaConfRes::RD_KAFKA_CONF_INVALID,
+                "Invalid value".into(),
+                "ssl.key.pem".into(),
+                "-----BEGIN PRIVATE KEY-----abc".into(),
+            ),
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains("ssl.key.pem") && !text.contains("abc"),
+            "{text}"
+        );
     }
 }

@@ -13,6 +13,7 @@ mod producer;
 #[cfg(feature = "testkit")]
 mod read;
 mod replay;
+mod security;
 mod types;
 #[cfg(feature = "testkit")]
 mod write;
@@ -28,6 +29,7 @@ pub(crate) use producer::{OutputProducer, Pending};
 #[cfg(feature = "testkit")]
 pub(crate) use read::{committed_offsets, read_to_end};
 pub(crate) use replay::read_partition;
+pub(crate) use security::{Resources, check_connection, explain};
 #[cfg(feature = "testkit")]
 pub use types::{Isolation, OutgoingRecord, Record};
 #[cfg(not(feature = "testkit"))]
@@ -36,21 +38,81 @@ pub(crate) use types::{Isolation, Record};
 pub(crate) use write::produce;
 
 use rdkafka::ClientConfig;
+use secrecy::{ExposeSecret, SecretString};
+
+use crate::redact;
 
 /// How to reach the cluster, and any client property to pass through unchanged.
+///
+/// Secret properties (see [`redact::is_secret`]) are held apart as [`SecretString`]s: they
+/// reach librdkafka's configuration and nothing else (`Debug` shows them redacted).
 #[derive(Debug, Clone)]
 pub(crate) struct ClientOptions {
     pub(crate) bootstrap_servers: String,
-    pub(crate) properties: Vec<(String, String)>,
+    properties: Vec<(String, String)>,
+    secrets: Vec<(String, SecretString)>,
 }
 
 impl ClientOptions {
     #[cfg(feature = "testkit")]
     pub(crate) fn new(bootstrap_servers: impl Into<String>) -> Self {
-        ClientOptions {
+        Self::with_properties(bootstrap_servers, &[])
+    }
+
+    /// Options with `properties` passed to every client (later ones win).
+    pub(crate) fn with_properties(
+        bootstrap_servers: impl Into<String>,
+        properties: &[(String, String)],
+    ) -> Self {
+        let mut options = ClientOptions {
             bootstrap_servers: bootstrap_servers.into(),
             properties: Vec::new(),
+            secrets: Vec::new(),
+        };
+        for (key, value) in properties {
+            if redact::is_secret(key) {
+                options
+                    .secrets
+                    .push((key.clone(), SecretString::from(value.clone())));
+            } else {
+                options.properties.push((key.clone(), value.clone()));
+            }
         }
+        options
+    }
+
+    /// The value of a (non-secret) pass-through property.
+    pub(crate) fn property(&self, key: &str) -> Option<&str> {
+        self.properties
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// Who the broker sees this client as, for error messages: the SASL user, or the
+    /// subject of the client certificate, or `User:ANONYMOUS`.
+    pub(crate) fn principal(&self) -> String {
+        let protocol = self
+            .property("security.protocol")
+            .unwrap_or("plaintext")
+            .to_ascii_lowercase();
+        if protocol.starts_with("sasl") {
+            return match self.property("sasl.username") {
+                Some(user) => format!("User:{user}"),
+                None => "the SASL user (sasl.username is not set)".into(),
+            };
+        }
+        if protocol == "ssl" {
+            if let Some(path) = self.property("ssl.certificate.location") {
+                return format!("the subject of the client certificate `{path}` (User:CN=…)");
+            }
+            if self.property("ssl.certificate.pem").is_some() {
+                return "the subject of the client certificate in ssl.certificate.pem (User:CN=…)"
+                    .into();
+            }
+        }
+        "User:ANONYMOUS".into()
     }
 
     /// A librdkafka configuration with the bootstrap servers, the pass-through
@@ -62,6 +124,9 @@ impl ClientOptions {
         config.set("log_level", "3");
         for (key, value) in &self.properties {
             config.set(key, value);
+        }
+        for (key, value) in &self.secrets {
+            config.set(key, value.expose_secret());
         }
         for (key, value) in overrides {
             config.set(*key, *value);

@@ -26,9 +26,13 @@ pub(crate) fn read_partition(
     mut apply: impl FnMut(Vec<Record>, i64) -> Result<()>,
 ) -> Result<i64> {
     let operation = format!("replay `{topic}` [{partition}]");
+    // librdkafka needs a group to assign partitions, though this reader commits nothing.
+    // Named after the changelog (`<group>-txlog`), a prefixed ACL on the operator's group
+    // name covers it on a secured cluster.
+    let group = format!("{topic}-replay");
     let consumer: BaseConsumer = options
         .config(&[
-            ("group.id", "onceflow-replay"),
+            ("group.id", &group),
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("enable.partition.eof", "true"),

@@ -68,6 +68,11 @@ pub(super) async fn serve(
             accepted: format!("an address this host can listen on ({e}); or off"),
         })?;
     let bound = listener.local_addr().unwrap_or(address);
+    if !bound.ip().is_loopback() {
+        // The default is 127.0.0.1; anything else was asked for, but say so: the endpoint
+        // has no authentication.
+        tracing::warn!(%bound, "/metrics and /healthz are reachable from other hosts (no authentication)");
+    }
     let scrape_stats = Arc::clone(&stats);
     let app = Router::new()
         .route(

@@ -22,6 +22,7 @@ use clap::{Arg, ArgAction, ArgMatches};
 
 use crate::Error;
 use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
+use crate::redact;
 
 /// One setting: its name in the file, its default (`None` when it depends on the
 /// processor or the host), and what it means.
@@ -190,6 +191,13 @@ pub(crate) enum Source {
     Default,
     /// Derived from the processor or the host.
     Derived(&'static str),
+    /// Read from a file (a Kafka property `<key>.file`) named by another source.
+    SecretFile {
+        /// The file.
+        path: PathBuf,
+        /// Where its name came from.
+        named_by: Box<Source>,
+    },
 }
 
 impl std::fmt::Display for Source {
@@ -200,6 +208,9 @@ impl std::fmt::Display for Source {
             Source::File(path) => write!(f, "{}", path.display()),
             Source::Default => f.write_str("default"),
             Source::Derived(from) => f.write_str(from),
+            Source::SecretFile { path, named_by } => {
+                write!(f, "file {} (named by {named_by})", path.display())
+            }
         }
     }
 }
@@ -333,7 +344,11 @@ pub(crate) fn resolve(
     }
     let kafka = kafka_properties(matches, env, file.as_ref(), &mut problems);
     for (key, value, source) in &kafka {
-        resolved.push((format!("kafka.{key}"), value.clone(), source.clone()));
+        resolved.push((
+            format!("kafka.{key}"),
+            redact::shown(key, value).to_owned(),
+            source.clone(),
+        ));
     }
 
     let settings = build(&values, kafka, &mut problems);
@@ -464,7 +479,7 @@ fn kafka_properties(
                         }
                         None => problems.push(Error::Config {
                             key: format!("kafka.{key}"),
-                            value: value.to_string(),
+                            value: redact::shown(key, &value.to_string()).to_owned(),
                             accepted: "a string, number or boolean".into(),
                         }),
                     }
@@ -496,15 +511,56 @@ fn kafka_properties(
             }
             _ => problems.push(Error::Config {
                 key: "kafka".into(),
-                value: pair.clone(),
+                value: redact::shown(pair, pair).to_owned(),
                 accepted: "key=value, e.g. --kafka security.protocol=SSL".into(),
             }),
         }
     }
-    properties
-        .into_iter()
-        .map(|(key, (value, source))| (key, value, source))
-        .collect()
+    read_secret_files(properties, problems)
+}
+
+/// Suffix of a Kafka property whose value is read from a file: `sasl.password.file=/run/x`
+/// sets `sasl.password` to the file's contents (without its trailing newline).
+const FILE_SUFFIX: &str = ".file";
+
+/// Replaces every `<key>.file` property by `<key>` with the file's contents, so secrets
+/// need not be on the command line or in the configuration file.
+fn read_secret_files(
+    properties: BTreeMap<String, (String, Source)>,
+    problems: &mut Vec<Error>,
+) -> Vec<(String, String, Source)> {
+    let mut resolved = Vec::new();
+    for (key, (value, source)) in &properties {
+        let Some(target) = key.strip_suffix(FILE_SUFFIX) else {
+            resolved.push((key.clone(), value.clone(), source.clone()));
+            continue;
+        };
+        if properties.contains_key(target) {
+            problems.push(Error::Config {
+                key: format!("kafka.{key}"),
+                value: value.clone(),
+                accepted: format!("either {target} or {key}, not both"),
+            });
+            continue;
+        }
+        match std::fs::read_to_string(value) {
+            Ok(contents) => resolved.push((
+                target.to_owned(),
+                contents.trim_end_matches(['\n', '\r']).to_owned(),
+                Source::SecretFile {
+                    path: PathBuf::from(value),
+                    named_by: Box::new(source.clone()),
+                },
+            )),
+            Err(error) => problems.push(Error::Config {
+                key: format!("kafka.{key}"),
+                value: value.clone(),
+                accepted: format!("a readable file holding the value of {target} ({error})"),
+            }),
+        }
+    }
+    resolved.sort_by(|a, b| a.0.cmp(&b.0));
+    resolved
 }
 
 /// Typed values from the resolved text; every value that does not parse is a problem.
@@ -687,6 +743,25 @@ mod tests {
         resolve(&matches, &BTreeMap::new(), &declared(), "host-1")
     }
 
+    /// Settings from `config`, one `--kafka` flag and one variable.
+    fn resolve_with(
+        config: &tempfile::NamedTempFile,
+        kafka: &str,
+        (name, value): (&str, &str),
+    ) -> Settings {
+        let matches = command()
+            .try_get_matches_from([
+                "test",
+                "--config",
+                config.path().to_str().expect("utf-8"),
+                "--kafka",
+                kafka,
+            ])
+            .expect("parse");
+        let env = BTreeMap::from([(name.to_owned(), value.to_owned())]);
+        resolve(&matches, &env, &declared(), "h").expect("valid")
+    }
+
     fn file(text: &str) -> tempfile::NamedTempFile {
         let file = tempfile::NamedTempFile::new().expect("temp file");
         std::fs::write(file.path(), text).expect("write");
@@ -768,17 +843,7 @@ mod tests {
     #[test]
     fn kafka_variables_override_the_file_and_lose_to_the_command_line() {
         let config = file("[kafka]\n\"linger.ms\" = \"1\"\n\"acks\" = \"all\"\n");
-        let matches = command()
-            .try_get_matches_from([
-                "test",
-                "--config",
-                config.path().to_str().expect("utf-8"),
-                "--kafka",
-                "acks=-1",
-            ])
-            .expect("parse");
-        let env = BTreeMap::from([("ONCEFLOW_KAFKA_LINGER_MS".to_owned(), "5".to_owned())]);
-        let settings = resolve(&matches, &env, &declared(), "h").expect("valid");
+        let settings = resolve_with(&config, "acks=-1", ("ONCEFLOW_KAFKA_LINGER_MS", "5"));
         assert_eq!(
             settings.engine.kafka_properties,
             [
@@ -786,6 +851,63 @@ mod tests {
                 ("linger.ms".to_owned(), "5".to_owned())
             ]
         );
+    }
+
+    #[test]
+    fn secrets_come_from_files_or_variables_and_are_never_shown() {
+        let secret_file = file("s3cret-from-file\n");
+        let config = file("[kafka]\n\"ssl.key.password\" = \"s3cret-in-toml\"\n");
+        let settings = resolve_with(
+            &config,
+            &format!("sasl.password.file={}", secret_file.path().display()),
+            (
+                "ONCEFLOW_KAFKA_SSL_KEY_PEM",
+                "-----BEGIN PRIVATE KEY-----s3cret-pem",
+            ),
+        );
+        let value = |key: &str| {
+            settings
+                .engine
+                .kafka_properties
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(value("sasl.password").as_deref(), Some("s3cret-from-file"));
+        assert_eq!(value("sasl.password.file"), None);
+        assert!(value("ssl.key.pem").is_some() && value("ssl.key.password").is_some());
+
+        let shown = format!("{:?} {:?}", settings.resolved, settings);
+        assert!(!shown.contains("s3cret"), "{shown}");
+        let (_, password, source) = settings
+            .resolved
+            .iter()
+            .find(|(key, _, _)| key == "kafka.sasl.password")
+            .expect("listed");
+        assert_eq!(password, "[redacted]");
+        assert!(
+            source
+                .to_string()
+                .contains(&secret_file.path().display().to_string()),
+            "{source}"
+        );
+    }
+
+    #[test]
+    fn a_secret_file_that_cannot_be_read_or_a_doubled_secret_is_a_problem() {
+        let problems = resolve_args(&[
+            "--kafka",
+            "sasl.password.file=/nonexistent/password",
+            "--kafka",
+            "ssl.key.password=x",
+            "--kafka",
+            "ssl.key.password.file=/etc/hostname",
+        ])
+        .expect_err("invalid");
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(problems.len(), 2, "{text:?}");
+        assert!(text[0].contains("/nonexistent/password"), "{text:?}");
+        assert!(text[1].contains("not both"), "{text:?}");
     }
 
     #[test]

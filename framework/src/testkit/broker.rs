@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use testcontainers::core::{ContainerPort, IntoContainerPort};
 use testcontainers::runners::AsyncRunner;
-use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 use tokio::sync::{Mutex, OnceCell};
 
 use super::Kafka;
@@ -31,7 +31,7 @@ const PROBE_TOPIC: &str = "__onceflow_ready";
 /// (seconds) says otherwise.
 const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
 
-static DOCKER: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+pub(super) static DOCKER: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("onceflow-testkit-docker")
@@ -40,8 +40,16 @@ static DOCKER: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
         .expect("the testkit's Docker runtime could not be built")
 });
 
-/// The started container, taken and removed at process exit.
-static CONTAINER: Mutex<Option<ContainerAsync<GenericImage>>> = Mutex::const_new(None);
+/// The started containers (the plain broker, and the secured one of `secure.rs` when a
+/// test asks for it), removed at process exit.
+static CONTAINERS: Mutex<Vec<ContainerAsync<GenericImage>>> = Mutex::const_new(Vec::new());
+
+fn find<'a>(
+    containers: &'a [ContainerAsync<GenericImage>],
+    id: &str,
+) -> Option<&'a ContainerAsync<GenericImage>> {
+    containers.iter().find(|container| container.id() == id)
+}
 
 static SHARED: OnceCell<std::result::Result<Kafka, String>> = OnceCell::const_new();
 
@@ -51,12 +59,25 @@ static SHARED: OnceCell<std::result::Result<Kafka, String>> = OnceCell::const_ne
 /// When no broker can be started or reached; the message says why and, for a started
 /// container, ends with its log.
 pub async fn kafka() -> &'static Kafka {
-    let shared = SHARED
+    shared(&SHARED, start, "no Kafka broker for the tests").await
+}
+
+/// The value in `cell`, made by `start` on first use; a failure is kept (so every test of
+/// the binary fails the same way, at once) and panics with `what` and the reason.
+pub(super) async fn shared<T, F>(
+    cell: &'static OnceCell<std::result::Result<T, String>>,
+    start: impl FnOnce() -> F,
+    what: &str,
+) -> &'static T
+where
+    F: Future<Output = Result<T>>,
+{
+    let result = cell
         .get_or_init(|| async { start().await.map_err(|e| e.to_string()) })
         .await;
-    match shared {
-        Ok(kafka) => kafka,
-        Err(message) => panic!("no Kafka broker for the tests: {message}"),
+    match result {
+        Ok(value) => value,
+        Err(message) => panic!("{what}: {message}"),
     }
 }
 
@@ -83,16 +104,16 @@ impl Broker {
 
     async fn set_paused(&self, paused: bool) -> Result<()> {
         let what = if paused { "pause" } else { "unpause" };
-        if !self.is_managed() {
+        let Broker::Container { id } = self else {
             return Err(Error::Broker(format!(
                 "cannot {what} a broker reached through ONCEFLOW_TEST_BOOTSTRAP"
             )));
-        }
+        };
+        let id = id.clone();
         DOCKER
             .spawn(async move {
-                let guard = CONTAINER.lock().await;
-                let container = guard
-                    .as_ref()
+                let guard = CONTAINERS.lock().await;
+                let container = find(&guard, &id)
                     .ok_or_else(|| Error::Broker(format!("{what}: the container is gone")))?;
                 let result = if paused {
                     container.pause().await
@@ -112,8 +133,8 @@ impl Broker {
                 let id = id.clone();
                 DOCKER
                     .spawn(async move {
-                        let guard = CONTAINER.lock().await;
-                        match guard.as_ref() {
+                        let guard = CONTAINERS.lock().await;
+                        match find(&guard, &id) {
                             Some(container) => container_log_tail(container, lines).await,
                             None => format!("(container {id} is gone)"),
                         }
@@ -139,7 +160,6 @@ async fn start() -> Result<Kafka> {
         .spawn(start_container())
         .await
         .map_err(|e| Error::Broker(format!("starting the container: {e}")))??;
-    register_removal_at_exit();
     // The container maps the port on every host address; 127.0.0.1 is the one that works
     // everywhere, including inside a container where testcontainers would pick the bridge.
     let kafka = Kafka {
@@ -150,7 +170,7 @@ async fn start() -> Result<Kafka> {
     Ok(kafka)
 }
 
-fn ready_timeout() -> Result<Duration> {
+pub(super) fn ready_timeout() -> Result<Duration> {
     match std::env::var("ONCEFLOW_TEST_BROKER_TIMEOUT") {
         Err(_) => Ok(DEFAULT_READY_TIMEOUT),
         Ok(seconds) => seconds
@@ -166,7 +186,7 @@ fn ready_timeout() -> Result<Duration> {
 
 /// Polls the broker (create the probe topic, read metadata, write a record) until it
 /// answers or `timeout` passes; the error then says what was seen and shows the log.
-async fn wait_ready(kafka: &Kafka, timeout: Duration) -> Result<()> {
+pub(super) async fn wait_ready(kafka: &Kafka, timeout: Duration) -> Result<()> {
     let started = Instant::now();
     let attempt_timeout = Duration::from_secs(5);
     let mut last_error;
@@ -185,7 +205,7 @@ async fn wait_ready(kafka: &Kafka, timeout: Duration) -> Result<()> {
             }
             Err(error) => last_error = error.to_string(),
         }
-        if kafka.broker.is_managed() && !container_running().await {
+        if !kafka.broker.is_running().await {
             return Err(Error::Broker(format!(
                 "the Kafka container exited before it was ready (last probe: {last_error})\n\
                  --- broker log (last 60 lines) ---\n{}",
@@ -204,22 +224,29 @@ async fn wait_ready(kafka: &Kafka, timeout: Duration) -> Result<()> {
     }
 }
 
-async fn container_running() -> bool {
-    DOCKER
-        .spawn(async {
-            let guard = CONTAINER.lock().await;
-            match guard.as_ref() {
-                Some(container) => container.is_running().await.unwrap_or(false),
-                None => false,
-            }
-        })
-        .await
-        .unwrap_or(false)
+impl Broker {
+    /// Whether the broker's container still runs (an external broker is assumed to).
+    async fn is_running(&self) -> bool {
+        let Broker::Container { id } = self else {
+            return true;
+        };
+        let id = id.clone();
+        DOCKER
+            .spawn(async move {
+                let guard = CONTAINERS.lock().await;
+                match find(&guard, &id) {
+                    Some(container) => container.is_running().await.unwrap_or(false),
+                    None => false,
+                }
+            })
+            .await
+            .unwrap_or(false)
+    }
 }
 
 /// The image to run: `ONCEFLOW_KAFKA_IMAGE`, else the local build if present, else the
 /// official image.
-async fn choose_image() -> String {
+pub(super) async fn choose_image() -> String {
     if let Ok(image) = std::env::var("ONCEFLOW_KAFKA_IMAGE") {
         return image;
     }
@@ -235,7 +262,7 @@ async fn choose_image() -> String {
 }
 
 /// Splits `name[:tag]`, where the name may hold a registry port (`host:5000/kafka:4.1.1`).
-fn split_image(image: &str) -> (&str, &str) {
+pub(super) fn split_image(image: &str) -> (&str, &str) {
     match image.rsplit_once(':') {
         Some((name, tag)) if !tag.contains('/') => (name, tag),
         _ => (image, "latest"),
@@ -245,49 +272,76 @@ fn split_image(image: &str) -> (&str, &str) {
 /// Starts the container and returns its ID and the host port clients connect to.
 async fn start_container() -> Result<(String, u16)> {
     let image = choose_image().await;
-    let (name, tag) = split_image(&image);
-    let mut last_error = String::new();
-    // The host port must be known before start, because the broker advertises it; a port
-    // taken between choosing and binding is retried with another.
-    for _ in 0..3 {
-        let port = free_port()?;
-        let advertised = format!("PLAINTEXT://127.0.0.1:{port},BROKER://localhost:9094");
-        let request = GenericImage::new(name, tag)
-            .with_exposed_port(CLIENT_PORT.tcp())
+    let started = start_with_ports(&image, |[port]| {
+        single_node(&image, "broker")
             .with_mapped_port(port, ContainerPort::Tcp(CLIENT_PORT))
-            .with_label("dev.onceflow.testkit", "broker")
-            .with_env_var("CLUSTER_ID", "b25jZWZsb3ctdGVzdGtpdA")
-            .with_env_var("KAFKA_NODE_ID", "1")
-            .with_env_var("KAFKA_PROCESS_ROLES", "broker,controller")
             .with_env_var(
                 "KAFKA_LISTENERS",
                 "PLAINTEXT://:9092,CONTROLLER://:9093,BROKER://:9094",
             )
-            .with_env_var("KAFKA_ADVERTISED_LISTENERS", advertised)
+            .with_env_var(
+                "KAFKA_ADVERTISED_LISTENERS",
+                format!("PLAINTEXT://127.0.0.1:{port},BROKER://localhost:9094"),
+            )
             .with_env_var(
                 "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
                 "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,BROKER:PLAINTEXT",
             )
-            .with_env_var("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER")
-            .with_env_var("KAFKA_INTER_BROKER_LISTENER_NAME", "BROKER")
-            .with_env_var("KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093")
-            .with_env_var("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1")
-            .with_env_var("KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS", "4")
-            // Transactions on a single broker need both of these at 1 (DESIGN.md §6).
-            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
-            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
-            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS", "4")
-            .with_env_var("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
-            // A missing topic must be an error the tests can see, not a silent creation.
-            .with_env_var("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
-            .with_env_var("KAFKA_HEAP_OPTS", "-Xmx768m -Xms256m")
-            .with_startup_timeout(Duration::from_secs(300));
-        match request.start().await {
-            Ok(container) => {
-                let id = container.id().to_owned();
-                *CONTAINER.lock().await = Some(container);
-                return Ok((id, port));
-            }
+    })
+    .await;
+    match started {
+        Ok((id, [port])) => Ok((id, port)),
+        Err(last_error) => Err(Error::Broker(format!(
+            "could not start a Kafka container from `{image}`: {last_error}\n\
+             Is the Docker engine running? Where images cannot be pulled, build the local one with \
+             `docker/kafka/build.sh` (it is then used automatically) or point ONCEFLOW_KAFKA_IMAGE \
+             at one you have; ONCEFLOW_TEST_BOOTSTRAP=host:port uses a running broker instead."
+        ))),
+    }
+}
+
+/// A single combined broker and controller (node 1, controller on :9093, inter-broker
+/// listener `BROKER` on :9094) with what transactions need on one node; the caller adds
+/// its client listeners (the first on :9092, which is exposed). `label` tells the testkit's containers apart.
+pub(super) fn single_node(image: &str, label: &str) -> ContainerRequest<GenericImage> {
+    let (name, tag) = split_image(image);
+    GenericImage::new(name, tag)
+        .with_exposed_port(CLIENT_PORT.tcp())
+        .with_label("dev.onceflow.testkit", label)
+        .with_env_var("CLUSTER_ID", "b25jZWZsb3ctdGVzdGtpdA")
+        .with_env_var("KAFKA_NODE_ID", "1")
+        .with_env_var("KAFKA_PROCESS_ROLES", "broker,controller")
+        .with_env_var("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER")
+        .with_env_var("KAFKA_INTER_BROKER_LISTENER_NAME", "BROKER")
+        .with_env_var("KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093")
+        .with_env_var("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1")
+        .with_env_var("KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS", "4")
+        // Transactions on a single broker need both of these at 1 (DESIGN.md §6).
+        .with_env_var("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+        .with_env_var("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+        .with_env_var("KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS", "4")
+        .with_env_var("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
+        // A missing topic must be an error the tests can see, not a silent creation.
+        .with_env_var("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+        .with_env_var("KAFKA_HEAP_OPTS", "-Xmx768m -Xms256m")
+        .with_startup_timeout(Duration::from_secs(300))
+}
+
+/// Starts the container `request` builds for `N` free host ports, keeps it until exit, and
+/// returns its ID and the ports. The ports must be known before start, because the broker
+/// advertises them; a port taken between choosing and binding is retried with others.
+pub(super) async fn start_with_ports<const N: usize>(
+    image: &str,
+    request: impl Fn([u16; N]) -> ContainerRequest<GenericImage>,
+) -> std::result::Result<(String, [u16; N]), String> {
+    let mut last_error = format!("no attempt to start `{image}`");
+    for _ in 0..3 {
+        let mut ports = [0; N];
+        for port in &mut ports {
+            *port = free_port().map_err(|e| e.to_string())?;
+        }
+        match request(ports).start().await {
+            Ok(container) => return Ok((keep_until_exit(container).await, ports)),
             Err(error) => {
                 last_error = error.to_string();
                 if !last_error.contains("port is already allocated")
@@ -298,15 +352,34 @@ async fn start_container() -> Result<(String, u16)> {
             }
         }
     }
-    Err(Error::Broker(format!(
-        "could not start a Kafka container from `{image}`: {last_error}\n\
-         Is the Docker engine running? Where images cannot be pulled, build the local one with \
-         `docker/kafka/build.sh` (it is then used automatically) or point ONCEFLOW_KAFKA_IMAGE \
-         at one you have; ONCEFLOW_TEST_BOOTSTRAP=host:port uses a running broker instead."
-    )))
+    Err(last_error)
 }
 
-fn free_port() -> Result<u16> {
+/// Directories the testkit made (the secured broker's certificates), removed at exit.
+static TEMPORARY_DIRS: Mutex<Vec<std::path::PathBuf>> = Mutex::const_new(Vec::new());
+
+/// Removes `dir` when the process exits.
+pub(super) async fn remove_at_exit(dir: std::path::PathBuf) {
+    TEMPORARY_DIRS.lock().await.push(dir);
+    register_removal_at_exit();
+}
+
+/// The started containers, for a command to run in one of them.
+pub(super) async fn containers()
+-> tokio::sync::MutexGuard<'static, Vec<ContainerAsync<GenericImage>>> {
+    CONTAINERS.lock().await
+}
+
+/// Keeps `container` (so tests can pause it or read its log) and removes it at process
+/// exit; returns its ID.
+pub(super) async fn keep_until_exit(container: ContainerAsync<GenericImage>) -> String {
+    let id = container.id().to_owned();
+    CONTAINERS.lock().await.push(container);
+    register_removal_at_exit();
+    id
+}
+
+pub(super) fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| Error::Broker(format!("no free local port for the broker: {e}")))?;
     listener
@@ -325,8 +398,8 @@ async fn container_log_tail(container: &ContainerAsync<GenericImage>, lines: usi
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Statics are never dropped, so the shared container would outlive the test binary;
-/// remove it when the process exits.
+/// Statics are never dropped, so the containers would outlive the test binary (and the
+/// certificates stay in the temporary directory): remove them when the process exits.
 fn register_removal_at_exit() {
     extern "C" fn remove_container() {
         // On a thread of its own: when `main` returns (rather than the test harness
@@ -335,8 +408,11 @@ fn register_removal_at_exit() {
         let _ = std::panic::catch_unwind(|| {
             let removal = std::thread::spawn(|| {
                 DOCKER.block_on(async {
-                    if let Some(container) = CONTAINER.lock().await.take() {
+                    for container in CONTAINERS.lock().await.drain(..) {
                         let _ = container.rm().await;
+                    }
+                    for dir in TEMPORARY_DIRS.lock().await.drain(..) {
+                        let _ = std::fs::remove_dir_all(dir);
                     }
                 });
             });

@@ -26,6 +26,8 @@
 //! transactional IDs), so tests sharing the broker never see each other's data.
 
 mod broker;
+mod pki;
+mod secure;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -34,6 +36,8 @@ use crate::Result;
 use crate::kafka::{self as client, ClientOptions};
 pub use crate::kafka::{Isolation, OutgoingRecord, Record};
 pub use broker::{KAFKA_VERSION, LOCAL_IMAGE, OFFICIAL_IMAGE, kafka};
+pub use pki::{CLIENT_COMMON_NAME, CertifiedKeyPem, TestPki};
+pub use secure::{ALLOWED_PREFIX, LOCKED_PREFIX, SecureKafka, TestUser, secure_kafka};
 
 /// How long helpers wait for the broker before they fail with what they saw.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

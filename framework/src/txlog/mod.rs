@@ -45,6 +45,7 @@ mod tables;
 mod testutil;
 
 pub(crate) use change::Change;
+pub(crate) use open::check_private;
 pub(crate) use overlay::Overlay;
 pub(crate) use store::TxLog;
 
