@@ -103,9 +103,15 @@ fn with_log(c: &mut Criterion) {
         lookup.bench_with_input(BenchmarkId::new("miss", ids), log, |b, log| {
             let mut next = 10_000_000u64;
             b.iter(|| {
+                // One snapshot per batch, as the engine reads.
+                let snapshot = log.snapshot().expect("snapshot");
                 for _ in 0..BATCH {
                     next += 1;
-                    black_box(log.is_processed(0, &format!("e{next}")).expect("lookup"));
+                    black_box(
+                        snapshot
+                            .is_processed(0, &format!("e{next}"))
+                            .expect("lookup"),
+                    );
                 }
             })
         });
@@ -113,9 +119,14 @@ fn with_log(c: &mut Criterion) {
             lookup.bench_with_input(BenchmarkId::new("hit", ids), log, |b, log| {
                 let mut next = 0u64;
                 b.iter(|| {
+                    let snapshot = log.snapshot().expect("snapshot");
                     for _ in 0..BATCH {
                         next = (next + 7919) % ids;
-                        black_box(log.is_processed(0, &format!("e{next}")).expect("lookup"));
+                        black_box(
+                            snapshot
+                                .is_processed(0, &format!("e{next}"))
+                                .expect("lookup"),
+                        );
                     }
                 })
             });
@@ -162,19 +173,20 @@ fn with_log(c: &mut Criterion) {
                 b.iter(|| {
                     round += 1;
                     let mut overlay = Overlay::default();
+                    let snapshot = log.snapshot().expect("snapshot");
                     for bytes in &events {
                         let input: Input = Json.decode(bytes).expect("decodes");
                         let id = format!("{}-{round}", input.id);
                         let seen = overlay
                             .processed(0, &id)
-                            .unwrap_or_else(|| log.is_processed(0, &id).expect("lookup"));
+                            .unwrap_or_else(|| snapshot.is_processed(0, &id).expect("lookup"));
                         if seen {
                             continue;
                         }
                         let key = input.key.into_bytes();
                         let previous = match overlay.get(0, &key) {
                             Some(value) => value.map(<[u8]>::to_vec),
-                            None => log.state(0, &key).expect("state"),
+                            None => snapshot.state(0, &key).expect("state"),
                         };
                         let sum = previous
                             .and_then(|v| v.try_into().ok())
@@ -183,6 +195,7 @@ fn with_log(c: &mut Criterion) {
                         overlay.put(0, key, sum.to_le_bytes().to_vec());
                         overlay.mark_processed(0, id, 0, 0);
                     }
+                    drop(snapshot);
                     log.apply(overlay).expect("apply");
                 })
             },

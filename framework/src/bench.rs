@@ -20,14 +20,10 @@ impl TxLog {
         Ok(TxLog(txlog::TxLog::open(dir)?.0))
     }
 
-    /// Whether `id` is in `partition`'s dedup log.
-    pub fn is_processed(&self, partition: i32, id: &str) -> Result<bool> {
-        self.0.is_processed(partition, id)
-    }
-
-    /// `partition`'s state value under `key`.
-    pub fn state(&self, partition: i32, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.0.state(partition, key)
+    /// The log as of now, as the engine reads it during a batch (one redb read
+    /// transaction for all of the batch's lookups).
+    pub fn snapshot(&self) -> Result<Snapshot<'_>> {
+        Ok(Snapshot(self.0.snapshot()?))
     }
 
     /// Applies a batch's overlay in one durable redb transaction, as after a commit.
@@ -39,6 +35,22 @@ impl TxLog {
             .map(|(partition, changes)| (partition, changes, None))
             .collect();
         self.0.apply(&batch)
+    }
+}
+
+/// The log as of one moment; drop it before the next [`TxLog::apply`].
+#[derive(Debug)]
+pub struct Snapshot<'a>(txlog::Snapshot<'a>);
+
+impl Snapshot<'_> {
+    /// Whether `id` is in `partition`'s dedup log.
+    pub fn is_processed(&self, partition: i32, id: &str) -> Result<bool> {
+        self.0.is_processed(partition, id)
+    }
+
+    /// `partition`'s state value under `key`.
+    pub fn state(&self, partition: i32, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.0.state(partition, key)
     }
 }
 

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::event::{Codec, Event, Json};
-use crate::txlog::{Overlay, TxLog};
+use crate::txlog::{Overlay, Snapshot};
 use crate::{Error, Result};
 
 /// A stream processor: handles one decoded input event at a time.
@@ -112,7 +112,8 @@ pub struct Context<'a> {
     pub(crate) overlay: &'a mut Overlay,
     /// The batch's writes so far.
     pub(crate) batch: &'a Overlay,
-    pub(crate) txlog: &'a TxLog,
+    /// The committed log as of the batch's start (or its last split).
+    pub(crate) txlog: &'a Snapshot<'a>,
     pub(crate) outputs: &'a mut Vec<Output>,
     pub(crate) declared_outputs: &'a BTreeSet<String>,
 }
@@ -238,7 +239,7 @@ pub struct State<'a> {
     partition: i32,
     overlay: &'a mut Overlay,
     batch: &'a Overlay,
-    txlog: &'a TxLog,
+    txlog: &'a Snapshot<'a>,
 }
 
 impl std::fmt::Debug for State<'_> {

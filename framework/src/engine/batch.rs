@@ -15,7 +15,7 @@ use crate::engine::stats::Stats;
 use crate::event::{Codec, Event, Json};
 use crate::kafka::{self, InputConsumer, OutputProducer, Pending};
 use crate::processor::{Context, Output, Processor, RecordMeta};
-use crate::txlog::{Change, Overlay, TxLog};
+use crate::txlog::{Change, Overlay, Snapshot, TxLog};
 use crate::{Error, Result};
 
 /// Headers a dead-lettered record carries besides its own.
@@ -63,7 +63,7 @@ impl Batch<'_> {
             DeliveryMode::AtMostOnce => self.consumer.commit(next_offsets(&records)).await?,
             DeliveryMode::AtLeastOnce => {}
         }
-        let mut part = Part::new();
+        let mut part = Part::new(self.txlog)?;
         let mut first = 0;
         let mut index = 0;
         let mut retry = Retry::new(config);
@@ -78,8 +78,9 @@ impl Batch<'_> {
                     if done.is_empty() {
                         self.producer.abort().await?;
                     } else {
-                        self.commit(done, std::mem::replace(&mut part, Part::new()))
-                            .await?;
+                        self.commit(done, part).await?;
+                        // After the apply: the new part reads what this one committed.
+                        part = Part::new(self.txlog)?;
                     }
                     first = index;
                     tracing::debug!(
@@ -103,7 +104,7 @@ impl Batch<'_> {
         &self,
         processor: &mut P,
         record: &kafka::Record,
-        part: &mut Part,
+        part: &mut Part<'_>,
         retry: &mut Retry,
     ) -> Result<Step> {
         let now_ms = part.now_ms;
@@ -133,7 +134,7 @@ impl Batch<'_> {
         };
         if let Some(id) = &event_id
             && (part.overlay.is_processed(record.partition, id)
-                || self.txlog.is_processed(record.partition, id)?)
+                || part.snapshot.is_processed(record.partition, id)?)
         {
             tracing::debug!(
                 partition = record.partition,
@@ -153,7 +154,7 @@ impl Batch<'_> {
             event_id: event_id.clone(),
         };
         let (outputs, writes) = match self
-            .process_one(processor, input, record, &meta, &part.overlay, retry)
+            .process_one(processor, input, record, &meta, part, retry)
             .await
         {
             Processed::Done(outputs, writes) => (outputs, writes),
@@ -220,7 +221,9 @@ impl Batch<'_> {
 
     /// Commits `records`, handled into `part`: outputs, changelog and offsets together (or
     /// per the delivery mode), then applies the part to the transaction log.
-    async fn commit(&self, records: &[kafka::Record], mut part: Part) -> Result<()> {
+    async fn commit(&self, records: &[kafka::Record], mut part: Part<'_>) -> Result<()> {
+        // Nothing reads through the snapshot any more; let redb reuse what it pins.
+        drop(part.snapshot);
         let config = self.config;
         let next_offsets = next_offsets(records);
         let outputs = part.outputs.len() as u64;
@@ -366,7 +369,7 @@ impl Batch<'_> {
         input: P::Input,
         record: &kafka::Record,
         meta: &RecordMeta,
-        batch: &Overlay,
+        part: &Part<'_>,
         retry: &mut Retry,
     ) -> Processed {
         let config = self.config;
@@ -391,8 +394,8 @@ impl Batch<'_> {
             let mut ctx = Context {
                 meta,
                 overlay: &mut writes,
-                batch,
-                txlog: self.txlog,
+                batch: &part.overlay,
+                txlog: &part.snapshot,
                 outputs: &mut outputs,
                 declared_outputs: self.declared,
             };
@@ -542,7 +545,9 @@ enum Step {
 }
 
 /// The records of a batch handled since its last commit, and what they produced.
-struct Part {
+struct Part<'a> {
+    /// The committed log as of the part's start: redb changes only when a part is applied.
+    snapshot: Snapshot<'a>,
     overlay: Overlay,
     outputs: Vec<Pending>,
     duplicates: u64,
@@ -551,15 +556,16 @@ struct Part {
     now_ms: i64,
 }
 
-impl Part {
-    fn new() -> Self {
-        Part {
+impl<'a> Part<'a> {
+    fn new(txlog: &'a TxLog) -> Result<Self> {
+        Ok(Part {
+            snapshot: txlog.snapshot()?,
             overlay: Overlay::new(),
             outputs: Vec::new(),
             duplicates: 0,
             failed: Failures::default(),
             now_ms: now_ms(),
-        }
+        })
     }
 }
 

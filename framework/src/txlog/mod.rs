@@ -47,7 +47,7 @@ mod testutil;
 pub(crate) use change::Change;
 pub(crate) use open::check_private;
 pub(crate) use overlay::Overlay;
-pub(crate) use store::TxLog;
+pub(crate) use store::{Snapshot, TxLog};
 
 /// Version of the table layout; a file holding another is rebuilt from the changelog.
 pub(crate) const FORMAT_VERSION: u32 = 1;
