@@ -102,31 +102,8 @@ impl Engine {
     ///
     /// A refused credential stops it with [`Error::Authentication`], a missing ACL with
     /// [`Error::Unauthorized`] naming the ACL and the principal.
-    pub async fn run<P: Processor>(self, processor: P) -> Result<StatsSnapshot> {
-        let config = &self.config;
-        let options =
-            ClientOptions::with_properties(&config.bootstrap_servers, &config.kafka_properties);
-        let mut writes: Vec<String> = config.output_topics.clone();
-        writes.extend(processor.output_topics().iter().map(|t| (*t).to_owned()));
-        writes.push(config.changelog_topic());
-        if config.on_error == ErrorPolicy::DeadLetter {
-            writes.push(config.dead_letter_topic());
-        }
-        writes.dedup();
-        let names = kafka::Resources {
-            group: config.group.clone(),
-            transactional_id: (config.delivery == DeliveryMode::ExactlyOnce)
-                .then(|| config.transactional_id()),
-            input: config.input_topic.clone(),
-            writes,
-        };
-        self.run_until_stopped(processor)
-            .await
-            .map_err(|error| kafka::explain(error, &options, &names))
-    }
-
-    async fn run_until_stopped<P: Processor>(self, mut processor: P) -> Result<StatsSnapshot> {
-        let mut config = self.config;
+    pub async fn run<P: Processor>(mut self, processor: P) -> Result<StatsSnapshot> {
+        let config = &mut self.config;
         if let Some(declared) = processor.input_topic()
             && declared != config.input_topic
         {
@@ -146,6 +123,30 @@ impl Engine {
         }
         let options =
             ClientOptions::with_properties(&config.bootstrap_servers, &config.kafka_properties);
+        let mut writes = config.output_topics.clone();
+        writes.push(config.changelog_topic());
+        if config.on_error == ErrorPolicy::DeadLetter {
+            writes.push(config.dead_letter_topic());
+        }
+        let names = kafka::Resources {
+            group: config.group.clone(),
+            transactional_id: (config.delivery == DeliveryMode::ExactlyOnce)
+                .then(|| config.transactional_id()),
+            input: config.input_topic.clone(),
+            writes,
+        };
+        self.run_until_stopped(processor, &options)
+            .await
+            .map_err(|error| kafka::explain(error, &options, &names))
+    }
+
+    /// [`Engine::run`] once the processor's declarations are merged into the configuration.
+    async fn run_until_stopped<P: Processor>(
+        self,
+        mut processor: P,
+        options: &ClientOptions,
+    ) -> Result<StatsSnapshot> {
+        let config = self.config;
         let dir = config.instance_dir();
         let root = config.state_dir.clone();
         let (txlog, opened) = kafka::blocking("open the transaction log", move || {
@@ -167,12 +168,12 @@ impl Engine {
             }
         }
         log_contents(&txlog);
-        kafka::check_connection(&options, CONNECT_TIMEOUT).await?;
-        recovery::check_topics(&options, &config).await?;
+        kafka::check_connection(options, CONNECT_TIMEOUT).await?;
+        recovery::check_topics(options, &config).await?;
 
-        let mut producer = new_producer(&options, &config).await?;
+        let mut producer = new_producer(options, &config).await?;
         let consumer = InputConsumer::subscribe(
-            &options,
+            options,
             &config.group,
             &config.instance_id,
             &config.input_topic,
@@ -184,7 +185,7 @@ impl Engine {
             .kafka_property("message.max.bytes")
             .and_then(|value| value.parse().ok())
             .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
-        let output_limits = recovery::output_limits(&options, &config, producer_limit).await?;
+        let output_limits = recovery::output_limits(options, &config, producer_limit).await?;
         tracing::info!(
             processor = processor.name(),
             group = %config.group,
@@ -223,7 +224,7 @@ impl Engine {
                         for partition in partitions {
                             let replayed = retry_transient("replay the changelog", || {
                                 recovery::replay(
-                                    &options,
+                                    options,
                                     &changelog,
                                     partition,
                                     &txlog,
@@ -267,7 +268,7 @@ impl Engine {
                 Err(error) => {
                     Stats::add(&self.stats.aborts, 1);
                     let resync = Resync {
-                        options: &options,
+                        options,
                         config: &config,
                         changelog: &changelog,
                         txlog: &txlog,
