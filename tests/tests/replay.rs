@@ -1,0 +1,145 @@
+//! Changelog replay against the real broker when the changelog is not "clean": another
+//! producer's transaction left open on it (a killed previous owner with another instance
+//! ID, a zombie). Replay must end at the group's stable committed offset, never at the
+//! last stable offset an open transaction holds back (DESIGN.md §3).
+
+use std::time::{Duration, Instant};
+
+use onceflow::testkit::Kafka;
+use onceflow::{Engine, EngineConfig, StatsSnapshot};
+use onceflow_e2e::Operator;
+use onceflow_e2e::sum::{self, Amount, Sum};
+use rdkafka::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const WITHIN: Duration = Duration::from_secs(90);
+
+async fn setup(name: &str) -> Result<Operator, Box<dyn std::error::Error>> {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    // One partition: the foreign transaction sits on the only changelog partition.
+    Ok(Operator::new(name, 1).await?)
+}
+
+/// Runs an engine until `outputs` outputs are visible and the input is committed, then
+/// stops it gracefully.
+async fn run_until(
+    s: &Operator,
+    config: EngineConfig,
+    outputs: usize,
+) -> Result<StatsSnapshot, Box<dyn std::error::Error>> {
+    let engine = Engine::new(config)?;
+    let shutdown = engine.shutdown_handle();
+    let running = tokio::spawn(engine.run(Sum::new(&s.output)));
+    sum::wait_for_outputs(s.kafka, &s.output, outputs, WITHIN).await?;
+    sum::wait_for_caught_up(s.kafka, &s.group, &s.input, WITHIN).await?;
+    shutdown.trigger();
+    Ok(running.await??)
+}
+
+/// Opens a transaction of an unrelated producer on `topic` [0] with one record in it,
+/// and leaves it open: what a killed owner with another transactional ID leaves behind.
+/// The transaction lasts until the coordinator aborts it after `timeout`.
+fn leave_transaction_open(kafka: &Kafka, topic: &str, timeout: Duration) -> BaseProducer {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap_servers())
+        .set(
+            "transactional.id",
+            onceflow::testkit::unique_name("foreign"),
+        )
+        .set("transaction.timeout.ms", timeout.as_millis().to_string())
+        .create()
+        .expect("foreign producer");
+    producer
+        .init_transactions(onceflow_e2e::CALL_TIMEOUT)
+        .expect("init_transactions");
+    producer.begin_transaction().expect("begin");
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(0)
+                .key("s:never-committed")
+                .payload("x"),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    producer.flush(onceflow_e2e::CALL_TIMEOUT).expect("flush");
+    producer
+}
+
+/// 200 events; a foreign transaction opens on the changelog; 800 events; a graceful
+/// restart of the same instance; 400 new events and 100 re-sends of the 800. Before the
+/// fix the restart took its own checkpoint (past the open transaction's last stable
+/// offset) for "topic recreated", cleared the partition and rebuilt it only up to the
+/// open transaction: the re-sends were output again and every key's sum was wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_foreign_transaction_on_the_changelog_loses_no_state_on_restart() -> TestResult {
+    let s = setup("replay-open-txn").await?;
+    let first = sum::amounts(0, 200, 10);
+    sum::produce(s.kafka, &s.input, &first).await?;
+    run_until(&s, s.config("a"), 200).await?;
+
+    let changelog = format!("{}-txlog", s.group);
+    let _open = leave_transaction_open(s.kafka, &changelog, Duration::from_secs(600));
+
+    let second = sum::amounts(200, 800, 10);
+    sum::produce(s.kafka, &s.input, &second).await?;
+    run_until(&s, s.config("a"), 1_000).await?;
+
+    let third = sum::amounts(1_000, 400, 10);
+    let again: Vec<Amount> = second.iter().step_by(8).cloned().collect();
+    assert_eq!(again.len(), 100);
+    sum::produce(s.kafka, &s.input, &third).await?;
+    sum::produce(s.kafka, &s.input, &again).await?;
+    let stats = run_until(&s, s.config("a"), 1_400).await?;
+
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    let all: Vec<Amount> = first.iter().chain(&second).chain(&third).cloned().collect();
+    sum::assert_exactly_once(&all, &outputs);
+    assert_eq!(stats.duplicates_skipped, 100);
+    Ok(())
+}
+
+/// The same, but a new instance (another instance ID, so an empty transaction log) takes
+/// the partition over while the foreign transaction is open. Everything the first owner
+/// committed after that transaction is hidden from `read_committed` until the coordinator
+/// aborts it; replay must wait for it (the group's stable committed offset says how far
+/// the changelog has to reach), not stop at the last stable offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_owner_waits_for_an_open_foreign_transaction_before_processing() -> TestResult {
+    let s = setup("replay-takeover").await?;
+    let first = sum::amounts(0, 200, 10);
+    sum::produce(s.kafka, &s.input, &first).await?;
+    run_until(&s, s.config("a"), 200).await?;
+
+    let changelog = format!("{}-txlog", s.group);
+    let foreign_timeout = Duration::from_secs(12);
+    let _open = leave_transaction_open(s.kafka, &changelog, foreign_timeout);
+    let opened = Instant::now();
+
+    let second = sum::amounts(200, 800, 10);
+    sum::produce(s.kafka, &s.input, &second).await?;
+    run_until(&s, s.config("a"), 1_000).await?;
+
+    let third = sum::amounts(1_000, 400, 10);
+    let again: Vec<Amount> = second.iter().step_by(8).cloned().collect();
+    sum::produce(s.kafka, &s.input, &third).await?;
+    sum::produce(s.kafka, &s.input, &again).await?;
+    let stats = run_until(&s, s.config("b"), 1_400).await?;
+
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    let all: Vec<Amount> = first.iter().chain(&second).chain(&third).cloned().collect();
+    sum::assert_exactly_once(&all, &outputs);
+    assert_eq!(stats.duplicates_skipped, 100);
+    // It could only be right by waiting for the coordinator to abort the transaction.
+    assert!(
+        opened.elapsed() >= foreign_timeout,
+        "done after {:?}, before the foreign transaction timed out",
+        opened.elapsed()
+    );
+    Ok(())
+}
