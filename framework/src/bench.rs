@@ -45,7 +45,7 @@ pub struct Snapshot<'a>(txlog::Snapshot<'a>);
 impl Snapshot<'_> {
     /// Whether `id` is in `partition`'s dedup log.
     pub fn is_processed(&self, partition: i32, id: &str) -> Result<bool> {
-        self.0.is_processed(partition, id)
+        self.0.is_processed(partition, id, i64::MIN)
     }
 
     /// `partition`'s state value under `key`.

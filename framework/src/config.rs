@@ -106,7 +106,7 @@ pub struct EngineConfig {
     pub dedup_max_entries: Option<u64>,
     /// Header holding an event ID when the event itself has none.
     pub event_id_header: String,
-    /// Treat a record without an event ID (or with a header ID that is not UTF-8) as one
+    /// Treat a record without an event ID (none, or an empty one) as one
     /// that cannot be processed, instead of deduplicating it by offset only (default off).
     pub require_event_id: bool,
     /// Bound on one Kafka transaction, and so on a hung commit (default 60 s).

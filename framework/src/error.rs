@@ -103,6 +103,28 @@ pub enum Error {
         /// The declared outputs, comma-separated.
         declared: String,
     },
+    /// A transaction of some producer has been open on a changelog partition for longer
+    /// than the engine waits: the committed records after it stay hidden, so the
+    /// partition's state cannot be known and its records are not processed.
+    #[error(
+        "changelog `{topic}` [{partition}]: a transaction has held the last stable offset at \
+         {last_stable_offset} (high watermark {high_watermark}) for {waited:?}, longer than \
+         transaction_timeout; find it with `kafka-transactions.sh --bootstrap-server … \
+         find-hanging --topic {topic} --partition {partition}` and abort it, or wait for the \
+         producer's transaction.timeout.ms"
+    )]
+    HangingTransaction {
+        /// The changelog topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// Where the open transaction starts.
+        last_stable_offset: i64,
+        /// The partition's high watermark.
+        high_watermark: i64,
+        /// How long the engine waited.
+        waited: Duration,
+    },
     /// Another instance with the same transactional ID took over: this one must stop.
     #[error(
         "fenced: another instance with {what} started (same group and instance ID), so this \

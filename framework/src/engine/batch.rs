@@ -15,7 +15,7 @@ use crate::engine::stats::Stats;
 use crate::event::{Codec, Event, Json};
 use crate::kafka::{self, InputConsumer, OutputProducer, Pending};
 use crate::processor::{Context, Output, Processor, RecordMeta};
-use crate::txlog::{Change, Overlay, Snapshot, TxLog};
+use crate::txlog::{Change, Landed, Overlay, Snapshot, TxLog};
 use crate::{Error, Result};
 
 /// Headers a dead-lettered record carries besides its own.
@@ -63,7 +63,7 @@ impl Batch<'_> {
             DeliveryMode::AtMostOnce => self.consumer.commit(next_offsets(&records)).await?,
             DeliveryMode::AtLeastOnce => {}
         }
-        let mut part = Part::new(self.txlog)?;
+        let mut part = Part::new(self.txlog, config.dedup_window)?;
         let mut first = 0;
         let mut index = 0;
         let mut retry = Retry::new(config);
@@ -80,7 +80,7 @@ impl Batch<'_> {
                     } else {
                         self.commit(done, part).await?;
                         // After the apply: the new part reads what this one committed.
-                        part = Part::new(self.txlog)?;
+                        part = Part::new(self.txlog, config.dedup_window)?;
                     }
                     first = index;
                     tracing::debug!(
@@ -134,7 +134,9 @@ impl Batch<'_> {
         };
         if let Some(id) = &event_id
             && (part.overlay.is_processed(record.partition, id)
-                || part.snapshot.is_processed(record.partition, id)?)
+                || part
+                    .snapshot
+                    .is_processed(record.partition, id, part.window_start_ms)?)
         {
             tracing::debug!(
                 partition = record.partition,
@@ -144,6 +146,27 @@ impl Batch<'_> {
             );
             part.duplicates += 1;
             return Ok(Step::Next);
+        }
+        if event_id.is_none() {
+            part.without_id += 1;
+            // Once per instance: a processor may mean it, but an upstream that stopped
+            // sending IDs should not go unnoticed.
+            if part.without_id == 1
+                && self
+                    .stats
+                    .without_event_id
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    == 0
+            {
+                tracing::warn!(
+                    partition = record.partition,
+                    offset = record.offset,
+                    header = %self.config.event_id_header,
+                    "a record without an event ID (none, or an empty one): processed, but \
+                     not deduplicated by ID (counted in onceflow_records_without_event_id_total; \
+                     require_event_id dead-letters such records instead)"
+                );
+            }
         }
         let meta = RecordMeta {
             topic: record.topic.clone(),
@@ -232,11 +255,33 @@ impl Batch<'_> {
         let mut overlay = std::mem::take(&mut part.overlay);
         self.expire(&mut overlay, &next_offsets, part.now_ms)?;
 
-        let changes = if overlay.is_empty() {
+        let mut changes = if overlay.is_empty() {
             Vec::new()
         } else {
             overlay.into_changes()
         };
+        // Every partition the part read records the input offset it reached, last in its
+        // share of the changelog: replay compares it with the group's committed offset.
+        for (partition, next) in &next_offsets {
+            let progress = Change::Progress {
+                input_offset: *next,
+            };
+            match changes.iter_mut().find(|(p, _)| p == partition) {
+                Some((_, list)) => list.push(progress),
+                None => changes.push((*partition, vec![progress])),
+            }
+        }
+        // At least once has no transaction to make outputs and dedup entries land
+        // together: the outputs and dead letters must have landed before any dedup entry
+        // is written, or a failed output would leave its input marked processed (and its
+        // retry skipped as a duplicate). So: outputs landed, then the changelog, then the
+        // consumer commit.
+        if config.delivery == DeliveryMode::AtLeastOnce {
+            self.producer.flush().await?;
+            for pending in pending_outputs.drain(..) {
+                pending.landed().await?;
+            }
+        }
         let mut pending_changelog: Vec<(i32, Pending)> = Vec::new();
         for (partition, list) in &changes {
             for change in list {
@@ -265,6 +310,21 @@ impl Batch<'_> {
             });
         }
         let committing = std::time::Instant::now();
+        // Where the changelog records landed, once acknowledged (with the transaction's
+        // commit at the latest).
+        let mut landed: BTreeMap<i32, Landed> = BTreeMap::new();
+        let mut await_changelog = async |pending_changelog: Vec<(i32, Pending)>| -> Result<()> {
+            for (partition, pending) in pending_changelog {
+                let (_, offset) = pending.landed().await?;
+                let span = landed.entry(partition).or_insert(Landed {
+                    first: offset,
+                    next: offset + 1,
+                });
+                span.first = span.first.min(offset);
+                span.next = span.next.max(offset + 1);
+            }
+            Ok(())
+        };
         match config.delivery {
             DeliveryMode::ExactlyOnce => {
                 self.producer
@@ -272,43 +332,38 @@ impl Batch<'_> {
                     .await?;
                 crash_point!("onceflow-before-commit");
                 self.producer.commit().await?;
+                await_changelog(pending_changelog).await?;
             }
             DeliveryMode::AtLeastOnce => {
                 self.producer.flush().await?;
-                for pending in pending_outputs.drain(..) {
-                    pending.landed().await?;
-                }
+                await_changelog(pending_changelog).await?;
                 crash_point!("onceflow-before-commit");
                 self.consumer.commit(next_offsets.clone()).await?;
             }
-            DeliveryMode::AtMostOnce => self.producer.flush().await?,
+            DeliveryMode::AtMostOnce => {
+                self.producer.flush().await?;
+                await_changelog(pending_changelog).await?;
+            }
         }
         crash_point!("onceflow-after-commit-before-apply");
         metrics::histogram!("onceflow_commit_seconds").record(committing.elapsed().as_secs_f64());
 
-        // Committed: the outputs and changelog records are acknowledged; learn where the
-        // changelog records landed, so replay knows where to start next time.
-        let mut checkpoints: BTreeMap<i32, i64> = BTreeMap::new();
-        for (partition, pending) in pending_changelog {
-            let (_, offset) = pending.landed().await?;
-            let next = checkpoints.entry(partition).or_insert(offset + 1);
-            *next = (*next).max(offset + 1);
-        }
         let expired: u64 = changes
             .iter()
             .flat_map(|(_, list)| list)
             .filter(|c| matches!(c, Change::Expired { .. }))
             .count() as u64;
-        let applied: Vec<(i32, Vec<Change>, Option<i64>)> = changes
+        let applied: Vec<(i32, Vec<Change>, Option<Landed>)> = changes
             .into_iter()
             .map(|(partition, list)| {
-                let checkpoint = checkpoints.get(&partition).copied();
-                (partition, list, checkpoint)
+                let span = landed.get(&partition).copied();
+                (partition, list, span)
             })
             .collect();
         let txlog = Arc::clone(self.txlog);
+        let transactional = config.delivery == DeliveryMode::ExactlyOnce;
         kafka::blocking("apply the batch to the transaction log", move || {
-            txlog.apply(&applied)
+            txlog.apply_committed(&applied, transactional)
         })
         .await?;
 
@@ -318,6 +373,7 @@ impl Batch<'_> {
         Stats::add(&self.stats.expired_entries, expired);
         Stats::add(&self.stats.dead_lettered, part.failed.dead_lettered);
         Stats::add(&self.stats.skipped, part.failed.skipped);
+        Stats::add(&self.stats.without_event_id, part.without_id);
         Stats::add(&self.stats.commits, 1);
         metrics::histogram!("onceflow_batch_records").record(records.len() as f64);
         tracing::debug!(
@@ -329,30 +385,25 @@ impl Batch<'_> {
         Ok(())
     }
 
-    /// The record's event ID: the event's own, else the configured header's. Missing or
-    /// not UTF-8 is a failure of the record only when IDs are required.
+    /// The record's event ID: the event's own, else the configured header's. An empty ID
+    /// is no ID (it would make every other empty-ID record a duplicate). Missing is a
+    /// failure of the record only when IDs are required.
     fn event_id<E: Event>(
         &self,
         input: &E,
         record: &kafka::Record,
     ) -> std::result::Result<Option<String>, (&'static str, Error)> {
-        if let Some(id) = input.event_id() {
+        if let Some(id) = input.event_id().filter(|id| !id.is_empty()) {
             return Ok(Some(id));
         }
         let header = &self.config.event_id_header;
-        let required = self.config.require_event_id;
-        match record.header(header).map(std::str::from_utf8) {
-            Some(Ok(id)) => Ok(Some(id.to_owned())),
-            Some(Err(_)) if required => Err((
-                "malformed-event-id",
-                Error::processing(format!("header `{header}` is not UTF-8")),
-            )),
-            Some(Err(_)) => Ok(record
-                .header(header)
-                .map(|b| String::from_utf8_lossy(b).into_owned())),
-            None if required => Err((
+        match record.header(header).filter(|bytes| !bytes.is_empty()) {
+            Some(bytes) => Ok(Some(header_event_id(bytes))),
+            None if self.config.require_event_id => Err((
                 "missing-event-id",
-                Error::processing(format!("no event ID in the event or in header `{header}`")),
+                Error::processing(format!(
+                    "no event ID (or an empty one) in the event and in header `{header}`"
+                )),
             )),
             None => Ok(None),
         }
@@ -551,20 +602,28 @@ struct Part<'a> {
     overlay: Overlay,
     outputs: Vec<Pending>,
     duplicates: u64,
+    /// Records processed without an event ID.
+    without_id: u64,
     failed: Failures,
     /// When the part started: the time of its dedup entries and expiries.
     now_ms: i64,
+    /// Dedup entries processed before this are outside the window: not duplicates.
+    window_start_ms: i64,
 }
 
 impl<'a> Part<'a> {
-    fn new(txlog: &'a TxLog) -> Result<Self> {
+    fn new(txlog: &'a TxLog, dedup_window: Duration) -> Result<Self> {
+        let now_ms = now_ms();
+        let window_ms = i64::try_from(dedup_window.as_millis()).unwrap_or(i64::MAX);
         Ok(Part {
             snapshot: txlog.snapshot()?,
             overlay: Overlay::new(),
             outputs: Vec::new(),
             duplicates: 0,
+            without_id: 0,
             failed: Failures::default(),
-            now_ms: now_ms(),
+            now_ms,
+            window_start_ms: now_ms.saturating_sub(window_ms),
         })
     }
 }
@@ -610,6 +669,23 @@ struct Failures {
     skipped: u64,
 }
 
+/// The text form of an event ID taken from a header, lossless: UTF-8 as it is, anything
+/// else (and text that starts with NUL, so the two never meet) as NUL, `x` and the bytes in
+/// hex. Two different headers never give the same ID.
+fn header_event_id(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) if !text.starts_with('\0') => text.to_owned(),
+        _ => {
+            let mut id = String::with_capacity(2 + 2 * bytes.len());
+            id.push_str("\0x");
+            for byte in bytes {
+                id.push_str(&format!("{byte:02x}"));
+            }
+            id
+        }
+    }
+}
+
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
@@ -644,6 +720,8 @@ fn merge(batch: &mut Overlay, writes: Overlay) {
                     processed_at_ms,
                 } => batch.mark_processed(partition, id, offset, processed_at_ms),
                 Change::Expired { id } => batch.expire(partition, id),
+                // A processor's writes never record progress; the batch does, at commit.
+                Change::Progress { .. } => {}
             }
         }
     }

@@ -15,9 +15,16 @@
 //! Invariants:
 //! - A transaction is open only between two polls, and rebalance callbacks run only
 //!   inside a poll: partitions are never revoked under an open transaction.
-//! - A partition's changelog is replayed into redb (from its checkpoint to the end,
-//!   under `read_committed`) after it is assigned and before any of its records is
-//!   processed; so dedup and state reads always see every committed batch.
+//! - A partition's changelog is replayed into redb after it is assigned and before any of
+//!   its records is processed, from its checkpoint until the progress records (every
+//!   batch writes the input offset it reached) reach the group's *stable* committed
+//!   offset: not merely to the end a `read_committed` reader sees, which another
+//!   producer's open transaction holds back. While the last stable offset lags the high
+//!   watermark, replay waits (at most `transaction_timeout` and a grace). So dedup and
+//!   state reads always see every committed batch, a zombie's late commit included.
+//! - A checkpoint never moves over changelog records that were not replayed, and "the
+//!   changelog was recreated" is told by a checkpoint past its high watermark, never by
+//!   the last stable offset; a malformed changelog record stops the instance.
 //! - redb is changed only after the Kafka transaction committed, and only together
 //!   with the changelog offsets the batch reached: a crash in between is repaired by
 //!   replay, never by guessing.
@@ -44,6 +51,9 @@ use crate::{Error, Result};
 
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+/// How long replay waits for an open transaction beyond `transaction_timeout`: the
+/// coordinator aborts a transaction some time after its timeout, not at once.
+const REPLAY_WAIT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long the start-up connection check waits for the cluster to answer.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -221,23 +231,18 @@ impl Engine {
                     }
                     Rebalanced::Assigned(partitions) => {
                         self.stats.set_phase(Phase::Replaying);
-                        for partition in partitions {
-                            let replayed = retry_transient("replay the changelog", || {
-                                recovery::replay(
-                                    options,
-                                    &changelog,
-                                    partition,
-                                    &txlog,
-                                    &self.stats,
-                                )
-                            })
-                            .await;
-                            if let Err(error) = replayed {
-                                replay_failed = Some(error);
-                                break;
-                            }
-                            owned.insert(partition);
+                        let resync = Resync {
+                            options,
+                            config: &config,
+                            changelog: &changelog,
+                            txlog: &txlog,
+                            stats: &self.stats,
+                        };
+                        if let Err(error) = resync.catch_up(&consumer, &partitions).await {
+                            replay_failed = Some(error);
+                            break;
                         }
+                        owned.extend(partitions);
                     }
                 }
             }
@@ -353,11 +358,7 @@ async fn recover(
     cause: &Error,
 ) -> Result<()> {
     let Resync {
-        options,
-        config,
-        changelog,
-        txlog,
-        stats,
+        options, config, ..
     } = resync;
     if matches!(cause, Error::Fenced { .. }) {
         return Ok(());
@@ -379,14 +380,48 @@ async fn recover(
         // it is not processed again.
         return Ok(());
     }
-    for partition in owned {
-        retry_transient("replay the changelog", || {
-            recovery::replay(options, changelog, *partition, txlog, stats)
+    let owned: Vec<i32> = owned.iter().copied().collect();
+    let committed = resync.catch_up(consumer, &owned).await?;
+    retry_transient("seek to the committed offsets", || {
+        consumer.seek(committed.clone())
+    })
+    .await
+}
+
+impl Resync<'_> {
+    /// Brings the transaction log of `partitions` up to what the group committed: reads
+    /// the group's stable committed offsets (a transaction that is still committing its
+    /// offsets is waited for), then replays each partition's changelog until its progress
+    /// records reach them. Returns the committed offsets.
+    async fn catch_up(
+        &self,
+        consumer: &InputConsumer,
+        partitions: &[i32],
+    ) -> Result<Vec<(i32, Option<i64>)>> {
+        let committed = retry_transient("read the committed offsets", || {
+            consumer.committed(partitions.to_vec())
         })
         .await?;
+        // At most once commits before it processes: the changelog lags the committed
+        // offsets by design, so there is nothing to wait for.
+        let must_reach = self.config.delivery != DeliveryMode::AtMostOnce;
+        for (partition, offset) in &committed {
+            self.stats.set_phase(Phase::Replaying);
+            retry_transient("replay the changelog", || {
+                recovery::replay(
+                    self.options,
+                    self.changelog,
+                    *partition,
+                    offset.filter(|_| must_reach),
+                    self.config.transaction_timeout + REPLAY_WAIT_GRACE,
+                    self.txlog,
+                    self.stats,
+                )
+            })
+            .await?;
+        }
+        Ok(committed)
     }
-    let committed = consumer.committed(owned.iter().copied().collect()).await?;
-    consumer.seek(committed).await
 }
 
 /// What the transaction log holds at start-up, per partition.

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{EngineConfig, ErrorPolicy};
-use crate::engine::stats::Stats;
-use crate::kafka::{self, ClientOptions};
+use crate::engine::stats::{Phase, Stats};
+use crate::kafka::{self, ClientOptions, ReadEnd};
 use crate::txlog::{Change, TxLog};
 use crate::{Error, Result};
 
@@ -113,12 +113,22 @@ pub(crate) async fn output_limits(
 }
 
 /// Brings `partition`'s dedup entries and state in redb up to date with the changelog,
-/// from the stored checkpoint to the changelog's end. Must finish before any record of
-/// the partition is processed.
+/// from the stored checkpoint until the changelog's progress records reach `committed`,
+/// the group's stable committed offset of the input partition (`None`: nothing to
+/// reach, read to the end the reader sees). Must finish before any record of the
+/// partition is processed.
+///
+/// While an open transaction hides committed records (the last stable offset lags the
+/// high watermark) and the progress has not reached `committed`, it waits, at most `wait`;
+/// then it fails with [`Error::HangingTransaction`]. A checkpoint past the changelog's
+/// high watermark means the topic was recreated: the partition is cleared and read from
+/// the start. A malformed record is an error that names it, never a reason to clear.
 pub(crate) async fn replay(
     options: &ClientOptions,
     changelog: &str,
     partition: i32,
+    committed: Option<i64>,
+    wait: Duration,
     txlog: &Arc<TxLog>,
     stats: &Arc<Stats>,
 ) -> Result<()> {
@@ -127,7 +137,6 @@ pub(crate) async fn replay(
     let txlog = Arc::clone(txlog);
     let stats = Arc::clone(stats);
     kafka::blocking("replay the changelog", move || {
-        let checkpoint = txlog.checkpoint(partition)?;
         let started = std::time::Instant::now();
         let mut replayed = 0u64;
         let remaining = metrics::gauge!("onceflow_replay_remaining_records", "partition" => partition.to_string());
@@ -151,33 +160,62 @@ pub(crate) async fn replay(
             tracing::info!(partition, replayed, at = last + 1, end, "replaying the changelog");
             Ok(())
         };
-        let read = kafka::read_partition(
-            &options,
-            &changelog,
-            partition,
-            checkpoint,
-            REPLAY_CHUNK,
-            METADATA_TIMEOUT,
-            &mut apply,
-        );
-        let end = match read {
-            Err(Error::Corrupt { message, .. }) => {
-                // The changelog is shorter than what redb says it has seen: the topic was
-                // recreated. What redb holds for this partition cannot be trusted.
-                tracing::warn!(partition, %message, "forgetting the partition and replaying from the start");
-                txlog.clear_partition(partition)?;
-                kafka::read_partition(
-                    &options,
-                    &changelog,
-                    partition,
-                    None,
-                    REPLAY_CHUNK,
-                    METADATA_TIMEOUT,
-                    &mut apply,
-                )?
-            }
-            other => other?,
+        let mut reached = || -> Result<bool> {
+            Ok(match committed {
+                None => true,
+                Some(committed) => txlog.progress(partition)?.is_some_and(|at| at >= committed),
+            })
         };
+        let mut read = |from: Option<i64>, apply: &mut dyn FnMut(Vec<kafka::Record>, i64) -> Result<()>| {
+            kafka::read_partition(
+                &options,
+                &changelog,
+                partition,
+                from,
+                REPLAY_CHUNK,
+                METADATA_TIMEOUT,
+                kafka::Until {
+                    reached: &mut reached,
+                    wait,
+                    on_wait: &|| stats.set_phase(Phase::WaitingForTransaction),
+                },
+                apply,
+            )
+        };
+        let end = match read(txlog.checkpoint(partition)?, &mut apply)? {
+            ReadEnd::PastEnd {
+                checkpoint,
+                high_watermark,
+            } => {
+                // Nothing of what redb holds for this partition is in the topic any more.
+                tracing::warn!(
+                    partition,
+                    checkpoint,
+                    high_watermark,
+                    "the changelog is shorter than the transaction log's checkpoint (recreated \
+                     or truncated): forgetting the partition and replaying from the start"
+                );
+                txlog.clear_partition(partition)?;
+                match read(None, &mut apply)? {
+                    ReadEnd::Read { next, reached } => (next, reached),
+                    ReadEnd::PastEnd { .. } => unreachable!("a read from the start is never past the end"),
+                }
+            }
+            ReadEnd::Read { next, reached } => (next, reached),
+        };
+        let (end, reached) = end;
+        if !reached {
+            // Nothing hides anything, yet the changelog does not reach the committed
+            // offset: the offsets were moved by something else (a reset, a changelog from
+            // before progress records), or at-most-once committed ahead of processing.
+            tracing::warn!(
+                partition,
+                committed = ?committed,
+                progress = ?txlog.progress(partition)?,
+                "the changelog's progress does not reach the group's committed offset; going on \
+                 with what it holds (were the group's offsets reset?)"
+            );
+        }
         // Past the last record there may be commit markers; start after them next time.
         if txlog.checkpoint(partition)? != Some(end) {
             txlog.apply(&[(partition, Vec::new(), Some(end))])?;

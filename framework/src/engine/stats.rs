@@ -15,6 +15,7 @@ pub struct Stats {
     pub(crate) expired_entries: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) skipped: AtomicU64,
+    pub(crate) without_event_id: AtomicU64,
     phase: AtomicU8,
 }
 
@@ -26,6 +27,9 @@ pub enum Phase {
     Starting,
     /// Replaying the changelog of partitions it was given: not processing yet.
     Replaying,
+    /// Replaying, and waiting for another producer's open transaction on the changelog
+    /// to end: committed records after it are hidden until then.
+    WaitingForTransaction,
     /// Processing.
     Running,
     /// Stopped, as asked or on an error.
@@ -54,6 +58,9 @@ pub struct StatsSnapshot {
     pub dead_lettered: u64,
     /// Inputs that failed and were skipped (policy `skip`), in committed batches.
     pub skipped: u64,
+    /// Inputs processed without an event ID (none, or an empty one), so not
+    /// deduplicated by ID, in committed batches.
+    pub without_event_id: u64,
 }
 
 impl Stats {
@@ -70,6 +77,7 @@ impl Stats {
             expired_entries: get(&self.expired_entries),
             dead_lettered: get(&self.dead_lettered),
             skipped: get(&self.skipped),
+            without_event_id: get(&self.without_event_id),
         }
     }
 
@@ -79,6 +87,7 @@ impl Stats {
             0 => Phase::Starting,
             1 => Phase::Replaying,
             2 => Phase::Running,
+            4 => Phase::WaitingForTransaction,
             _ => Phase::Stopped,
         }
     }
@@ -89,6 +98,7 @@ impl Stats {
             Phase::Replaying => 1,
             Phase::Running => 2,
             Phase::Stopped => 3,
+            Phase::WaitingForTransaction => 4,
         };
         self.phase.store(value, Ordering::SeqCst);
     }

@@ -222,14 +222,24 @@ impl InputConsumer {
             let committed = consumer
                 .committed_offsets(query, Duration::from_secs(30))
                 .map_err(|e| kafka_error(format!("read committed offsets of `{topic}`"), e))?;
-            Ok(committed
+            // A partition's own error is not "nothing committed": taking it for that
+            // would seek to the beginning and process the partition again.
+            committed
                 .elements()
                 .iter()
-                .map(|e| match e.offset() {
-                    Offset::Offset(offset) => (e.partition(), Some(offset)),
-                    _ => (e.partition(), None),
+                .map(|e| {
+                    e.error().map_err(|error| {
+                        kafka_error(
+                            format!("read the committed offset of `{topic}` [{}]", e.partition()),
+                            error,
+                        )
+                    })?;
+                    Ok(match e.offset() {
+                        Offset::Offset(offset) => (e.partition(), Some(offset)),
+                        _ => (e.partition(), None),
+                    })
                 })
-                .collect())
+                .collect()
         })
         .await
     }

@@ -28,7 +28,7 @@ pub(crate) use error::kafka_error;
 pub(crate) use producer::{OutputProducer, Pending};
 #[cfg(feature = "testkit")]
 pub(crate) use read::{committed_offsets, read_to_end};
-pub(crate) use replay::read_partition;
+pub(crate) use replay::{ReadEnd, Until, read_partition};
 pub(crate) use security::{Resources, check_connection, explain};
 #[cfg(feature = "testkit")]
 pub use types::{Isolation, OutgoingRecord, Record};

@@ -24,7 +24,7 @@ pub(crate) async fn read_to_end(
     timeout: Duration,
 ) -> Result<Vec<Record>> {
     let operation = format!("read `{topic}` to its end ({})", isolation.as_config());
-    let consumer: BaseConsumer = options
+    let consumer: BaseConsumer<super::replay::Reader> = options
         .config(&[
             // A group is required by the consumer API; nothing is ever committed to it.
             ("group.id", "onceflow-reader"),
@@ -35,7 +35,7 @@ pub(crate) async fn read_to_end(
             ("fetch.wait.max.ms", "10"),
             ("isolation.level", isolation.as_config()),
         ])
-        .create()
+        .create_with_context(super::replay::Reader)
         .map_err(|e| kafka_error(&operation, e))?;
     let topic = topic.to_owned();
     blocking(&operation.clone(), move || {
@@ -125,7 +125,9 @@ pub(crate) async fn committed_offsets(
 }
 
 /// The partition numbers of `topic`; an error if the topic does not exist.
-fn partitions_of(consumer: &BaseConsumer, topic: &str, timeout: Duration) -> Result<Vec<i32>> {
+fn partitions_of<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str, timeout: Duration) -> Result<Vec<i32>> {
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
         .map_err(|e| kafka_error(format!("fetch metadata of `{topic}`"), e))?;

@@ -1,21 +1,84 @@
-//! Reading one changelog partition from a checkpoint to its end.
+//! Reading one changelog partition from a checkpoint until the caller has all it needs.
+//!
+//! Under `read_committed` the end a reader sees is the last stable offset (LSO): an open
+//! transaction of any producer on the partition (a killed owner's, a zombie's) holds it
+//! back, and committed records after it stay hidden until that transaction ends. So "read
+//! to the end" is not "saw every committed batch". The caller says when it has seen
+//! enough ([`Until::reached`]: in the engine, when the progress records reached the
+//! group's stable committed offset); until then, while the LSO lags the high watermark,
+//! this waits for the hiding transaction to end, bounded by [`Until::wait`].
 
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::{ClientOptions, Record, kafka_error, types::to_record};
 use crate::{Error, Result};
 
-/// Reads `topic` [`partition`] under `read_committed` from `from` (the beginning when
-/// `None`) to its last stable offset, handing records to `apply` in chunks of at most
-/// `chunk` records, with the partition's last stable offset at the start (for progress).
-/// Blocking: call it inside [`super::blocking`].
+/// How often the reader looks at the watermarks while no record arrives.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How often a wait for an open transaction is logged.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// A reader's client context: end-of-partition is routine, not an error to log.
 ///
-/// Returns the next offset to read after what was read. A checkpoint past the end of the
-/// partition (the topic was recreated or truncated) is [`Error::Corrupt`].
+/// librdkafka reports it through the error callback too, which rdkafka's default context
+/// logs at ERROR ("Global error: PartitionEOF") on every replay; an operator's alerting
+/// must be able to trust ERROR.
+#[derive(Debug, Default)]
+pub(crate) struct Reader;
+
+impl ClientContext for Reader {
+    fn error(&self, error: KafkaError, reason: &str) {
+        match error.rdkafka_error_code() {
+            Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) => {
+                tracing::trace!(%error, reason, "end of partition")
+            }
+            _ => tracing::warn!(%error, reason, "librdkafka error while reading"),
+        }
+    }
+}
+
+impl ConsumerContext for Reader {}
+
+/// When a replay may stop.
+pub(crate) struct Until<'a> {
+    /// Asked with everything read so far applied: whether it is enough.
+    pub(crate) reached: &'a mut dyn FnMut() -> Result<bool>,
+    /// How long to wait, at most, for open transactions that hide committed records.
+    pub(crate) wait: Duration,
+    /// Called when such a wait starts.
+    pub(crate) on_wait: &'a dyn Fn(),
+}
+
+/// Where a read of a partition ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadEnd {
+    /// Read to `next` (the next offset to read). `reached` tells whether the caller's
+    /// [`Until::reached`] said so, or the partition simply had nothing more: no open
+    /// transaction hid anything, yet the caller's condition did not hold.
+    Read {
+        /// The next offset to read.
+        next: i64,
+        /// Whether [`Until::reached`] held at the end.
+        reached: bool,
+    },
+    /// The checkpoint lies past the partition's high watermark: the topic was recreated
+    /// or truncated, and nothing of what the checkpoint describes is there.
+    PastEnd {
+        /// The next offset the caller thought it would read.
+        checkpoint: i64,
+        /// The partition's high watermark.
+        high_watermark: i64,
+    },
+}
+
+/// Reads `topic` [`partition`] under `read_committed` from `from` (the beginning when
+/// `None`), handing records to `apply` in chunks of at most `chunk` records together with
+/// the partition's high watermark (for progress), until `until` says it has enough or the
+/// partition has nothing more to give. Blocking: call it inside [`super::blocking`].
 pub(crate) fn read_partition(
     options: &ClientOptions,
     topic: &str,
@@ -23,39 +86,52 @@ pub(crate) fn read_partition(
     from: Option<i64>,
     chunk: usize,
     timeout: Duration,
+    until: Until<'_>,
     mut apply: impl FnMut(Vec<Record>, i64) -> Result<()>,
-) -> Result<i64> {
+) -> Result<ReadEnd> {
     let operation = format!("replay `{topic}` [{partition}]");
     // librdkafka needs a group to assign partitions, though this reader commits nothing.
     // Named after the changelog (`<group>-txlog`), a prefixed ACL on the operator's group
     // name covers it on a secured cluster.
     let group = format!("{topic}-replay");
-    let consumer: BaseConsumer = options
-        .config(&[
-            ("group.id", &group),
-            ("enable.auto.commit", "false"),
-            ("enable.auto.offset.store", "false"),
-            ("enable.partition.eof", "true"),
-            // Reaching the end is the goal: do not let the broker hold an empty fetch.
-            ("fetch.wait.max.ms", "10"),
-            ("isolation.level", "read_committed"),
-            ("auto.offset.reset", "earliest"),
-        ])
-        .create()
-        .map_err(|e| kafka_error(&operation, e))?;
-    let (low, high) = consumer
-        .fetch_watermarks(topic, partition, timeout)
-        .map_err(|e| kafka_error(format!("{operation}: watermarks"), e))?;
+    let reader = |isolation: &str| -> Result<BaseConsumer<Reader>> {
+        options
+            .config(&[
+                ("group.id", &group),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("enable.partition.eof", "true"),
+                // Reaching the end is the goal: do not let the broker hold an empty fetch.
+                ("fetch.wait.max.ms", "10"),
+                ("isolation.level", isolation),
+                ("auto.offset.reset", "earliest"),
+            ])
+            .create_with_context(Reader)
+            .map_err(|e| kafka_error(&operation, e))
+    };
+    let consumer = reader("read_committed")?;
+    // Only asked for watermarks: under read_uncommitted they are the high watermark, not
+    // the last stable offset.
+    let meter = reader("read_uncommitted")?;
+    let watermarks = || -> Result<(i64, i64, i64)> {
+        let (low, high) = meter
+            .fetch_watermarks(topic, partition, timeout)
+            .map_err(|e| kafka_error(format!("{operation}: high watermark"), e))?;
+        let (_, stable) = consumer
+            .fetch_watermarks(topic, partition, timeout)
+            .map_err(|e| kafka_error(format!("{operation}: last stable offset"), e))?;
+        Ok((low, stable, high))
+    };
+    let (low, _, high) = watermarks()?;
+    if let Some(checkpoint) = from
+        && checkpoint > high
+    {
+        return Ok(ReadEnd::PastEnd {
+            checkpoint,
+            high_watermark: high,
+        });
+    }
     let start = match from {
-        Some(offset) if offset > high => {
-            return Err(Error::Corrupt {
-                what: format!("checkpoint of `{topic}` [{partition}]"),
-                message: format!(
-                    "the checkpoint ({offset}) is past the end of the changelog ({high}): \
-                     the topic was recreated or truncated"
-                ),
-            });
-        }
         Some(offset) => Offset::Offset(offset.max(low)),
         None => Offset::Beginning,
     };
@@ -69,28 +145,25 @@ pub(crate) fn read_partition(
 
     let mut next = from.unwrap_or(low).max(low);
     let mut pending = Vec::with_capacity(chunk);
-    let mut last_progress = Instant::now();
+    let mut last_record = Instant::now();
+    let mut last_check = Instant::now();
+    let mut at_end = false;
+    let mut waiting: Option<(Instant, Instant)> = None;
     loop {
         match consumer.poll(Duration::from_millis(200)) {
-            None => {
-                if last_progress.elapsed() > timeout {
-                    return Err(Error::Timeout {
-                        what: operation,
-                        after: timeout,
-                        detail: format!("stuck at offset {next} of {high}"),
-                    });
-                }
-            }
+            None => {}
             Some(Ok(message)) => {
                 let record = to_record(&message);
                 next = record.offset + 1;
                 pending.push(record);
-                last_progress = Instant::now();
+                last_record = Instant::now();
+                at_end = false;
                 if pending.len() >= chunk {
                     apply(std::mem::take(&mut pending), high)?;
                 }
+                continue;
             }
-            Some(Err(KafkaError::PartitionEOF(_))) => break,
+            Some(Err(KafkaError::PartitionEOF(_))) => at_end = true,
             Some(Err(error)) => {
                 // Connections come back by themselves (a broker restarting, a network
                 // blip): keep polling until the deadline rather than fail at once.
@@ -99,19 +172,81 @@ pub(crate) fn read_partition(
                     return Err(error);
                 }
                 tracing::debug!(%error, "transient error while reading; polling on");
+                continue;
             }
         }
+        // At the end the reader sees, or quiet for a while (librdkafka may not report an
+        // end while the position is past the last stable offset): is it enough?
+        if !at_end && last_check.elapsed() < CHECK_EVERY {
+            continue;
+        }
+        last_check = Instant::now();
+        if !pending.is_empty() {
+            apply(std::mem::take(&mut pending), high)?;
+        }
+        // The position after the end may lie past the last record (commit markers).
+        if let Ok(position) = consumer.position()
+            && let Some(Offset::Offset(offset)) = position
+                .find_partition(topic, partition)
+                .map(|element| element.offset())
+        {
+            next = next.max(offset);
+        }
+        if (until.reached)()? {
+            return Ok(ReadEnd::Read {
+                next,
+                reached: true,
+            });
+        }
+        let (_, stable, high_now) = watermarks()?;
+        if stable >= high_now {
+            if at_end || next >= high_now {
+                // Nothing is hidden and nothing is left: more will not come.
+                return Ok(ReadEnd::Read {
+                    next,
+                    reached: false,
+                });
+            }
+            if last_record.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: operation,
+                    after: timeout,
+                    detail: format!("stuck at offset {next} of {high_now}"),
+                });
+            }
+            continue;
+        }
+        // An open transaction hides what lies after the last stable offset.
+        let (since, logged) = waiting.get_or_insert_with(|| {
+            (until.on_wait)();
+            tracing::info!(
+                partition,
+                last_stable_offset = stable,
+                high_watermark = high_now,
+                at = next,
+                "an open transaction on the changelog hides committed records; waiting for it to end"
+            );
+            let now = Instant::now();
+            (now, now)
+        });
+        if since.elapsed() > until.wait {
+            return Err(Error::HangingTransaction {
+                topic: topic.to_owned(),
+                partition,
+                last_stable_offset: stable,
+                high_watermark: high_now,
+                waited: since.elapsed(),
+            });
+        }
+        if logged.elapsed() > LOG_EVERY {
+            *logged = Instant::now();
+            tracing::info!(
+                partition,
+                last_stable_offset = stable,
+                high_watermark = high_now,
+                waited = ?since.elapsed(),
+                "still waiting for an open transaction on the changelog"
+            );
+        }
     }
-    if !pending.is_empty() {
-        apply(pending, high)?;
-    }
-    // The position after end-of-partition may lie past the last record (commit markers).
-    if let Ok(position) = consumer.position()
-        && let Some(Offset::Offset(offset)) = position
-            .find_partition(topic, partition)
-            .map(|element| element.offset())
-    {
-        next = next.max(offset);
-    }
-    Ok(next)
 }

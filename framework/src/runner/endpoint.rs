@@ -107,6 +107,7 @@ fn render(stats: &Stats, handle: &PrometheusHandle) -> String {
         ("onceflow_duplicates_skipped_total", s.duplicates_skipped),
         ("onceflow_dead_lettered_total", s.dead_lettered),
         ("onceflow_skipped_total", s.skipped),
+        ("onceflow_records_without_event_id_total", s.without_event_id),
         ("onceflow_commits_total", s.commits),
         ("onceflow_aborts_total", s.aborts),
         ("onceflow_replayed_records_total", s.replayed_records),
@@ -128,6 +129,10 @@ fn health(stats: &Stats) -> (StatusCode, &'static str) {
     match stats.phase() {
         Phase::Running => (StatusCode::OK, "ready\n"),
         Phase::Replaying => (StatusCode::SERVICE_UNAVAILABLE, "replaying the changelog\n"),
+        Phase::WaitingForTransaction => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "replaying the changelog: waiting for an open transaction on it to end\n",
+        ),
         Phase::Starting => (StatusCode::SERVICE_UNAVAILABLE, "starting\n"),
         _ => (StatusCode::SERVICE_UNAVAILABLE, "stopped\n"),
     }
@@ -152,6 +157,10 @@ fn describe() {
     describe_counter!(
         "onceflow_skipped_total",
         "Inputs that failed and were skipped (on_error = skip)"
+    );
+    describe_counter!(
+        "onceflow_records_without_event_id_total",
+        "Inputs processed without an event ID (none or empty), so not deduplicated by ID"
     );
     describe_counter!("onceflow_commits_total", "Batches committed");
     describe_counter!("onceflow_aborts_total", "Batches aborted and rewound");

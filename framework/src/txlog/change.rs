@@ -2,7 +2,8 @@
 //!
 //! The changelog is compacted, so the encoding maps every change to the key it overwrites:
 //! a dedup entry's processing and its expiry share the key `e:<id>`, a state write and its
-//! deletion share `s:<key>`. Whatever compaction keeps, the last record per key, is then
+//! deletion share `s:<key>`, and every batch's progress record shares `p:` (one key per
+//! changelog partition). Whatever compaction keeps, the last record per key, is then
 //! exactly what applying every record in order would have left.
 
 use crate::{Error, Result};
@@ -11,6 +12,10 @@ use crate::{Error, Result};
 const EVENT_PREFIX: &[u8] = b"e:";
 /// Key prefix of user state.
 const STATE_PREFIX: &[u8] = b"s:";
+/// Key of the progress record: the input offset the batches so far reached.
+const PROGRESS_KEY: &[u8] = b"p:";
+/// First byte of a `Progress` value.
+const PROGRESS_VERSION: u8 = 1;
 /// First byte of a `Processed` value, so that the value layout can change later.
 const PROCESSED_VERSION: u8 = 1;
 /// Length of a `Processed` value: version byte, offset, processed_at_ms.
@@ -40,6 +45,13 @@ pub(crate) enum Change {
         /// The new value, or `None` for a deletion.
         value: Option<Vec<u8>>,
     },
+    /// The batches up to this record processed the input partition up to (not including)
+    /// `input_offset`: what the group commits with the batch. Replay compares it with the
+    /// group's committed offset to know that it has seen every committed batch.
+    Progress {
+        /// The next input offset to process.
+        input_offset: i64,
+    },
 }
 
 impl Change {
@@ -59,6 +71,12 @@ impl Change {
             }
             Change::Expired { id } => (prefixed(EVENT_PREFIX, id.as_bytes()), None),
             Change::State { key, value } => (prefixed(STATE_PREFIX, key), value.clone()),
+            Change::Progress { input_offset } => {
+                let mut value = Vec::with_capacity(9);
+                value.push(PROGRESS_VERSION);
+                value.extend_from_slice(&input_offset.to_be_bytes());
+                (PROGRESS_KEY.to_vec(), Some(value))
+            }
         }
     }
 
@@ -82,6 +100,22 @@ impl Change {
                 processed_at_ms,
             });
         }
+        if key == PROGRESS_KEY {
+            return match value {
+                Some([PROGRESS_VERSION, rest @ ..]) if rest.len() == 8 => Ok(Change::Progress {
+                    input_offset: i64::from_be_bytes(fixed(rest)),
+                }),
+                Some([PROGRESS_VERSION, rest @ ..]) => Err(corrupt(format!(
+                    "progress value is {} bytes long, expected 9",
+                    rest.len() + 1
+                ))),
+                Some([other, ..]) => Err(corrupt(format!(
+                    "progress value has version {other}, this build reads {PROGRESS_VERSION}; \
+                     was the changelog written by a newer onceflow?"
+                ))),
+                Some([]) | None => Err(corrupt("progress record without a value".into())),
+            };
+        }
         if let Some(user_key) = key.strip_prefix(STATE_PREFIX) {
             return Ok(Change::State {
                 key: user_key.to_vec(),
@@ -89,7 +123,7 @@ impl Change {
             });
         }
         Err(corrupt(format!(
-            "key {} has neither the `e:` (processed event) nor the `s:` (state) prefix",
+            "key {} has none of the `e:` (processed event), `s:` (state) and `p:` (progress) prefixes",
             preview(key)
         )))
     }
@@ -191,6 +225,10 @@ mod tests {
             key: Vec::new(),
             value: None,
         });
+        round_trip(Change::Progress { input_offset: 0 });
+        round_trip(Change::Progress {
+            input_offset: 1 << 40,
+        });
     }
 
     #[test]
@@ -266,6 +304,9 @@ mod tests {
         let mut newer = valid.clone();
         newer[0] = 2;
         assert!(corrupt_message(b"e:a", Some(&newer)).contains("version 2"));
+        assert!(corrupt_message(b"p:", None).contains("without a value"));
+        assert!(corrupt_message(b"p:", Some(&[1, 2])).contains("2 bytes"));
+        assert!(corrupt_message(b"p:", Some(&[9; 9])).contains("version 9"));
     }
 
     #[test]

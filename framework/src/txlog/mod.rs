@@ -19,6 +19,8 @@
 //!     state             (p, key)             -> value
 //!     state_count       p -> n                               stats without a scan
 //!     checkpoint        p -> next changelog offset to read
+//!     marker_follows    p -> ()   the checkpoint is right after the engine's own commit
+//!     progress          p -> next input offset the applied batches reached
 //! ```
 //!
 //! This module knows nothing of Kafka: it deals in bytes, partitions and offsets.
@@ -34,6 +36,9 @@
 //!   compaction, which keeps only the last record per key, cannot change the outcome.
 //! - One [`TxLog::apply`] is one durable redb transaction: a checkpoint is never visible
 //!   without the changes up to it.
+//! - A checkpoint never moves over changelog records that were not applied: an engine's
+//!   own batch moves it only when its records directly follow it
+//!   ([`TxLog::apply_committed`]); anything else is left for the next replay to read.
 //! - No redb type leaves this module; no bad data makes it panic.
 
 mod change;
@@ -47,7 +52,7 @@ mod testutil;
 pub(crate) use change::Change;
 pub(crate) use open::check_private;
 pub(crate) use overlay::Overlay;
-pub(crate) use store::{Snapshot, TxLog};
+pub(crate) use store::{Landed, Snapshot, TxLog};
 
 /// Version of the table layout; a file holding another is rebuilt from the changelog.
 pub(crate) const FORMAT_VERSION: u32 = 1;

@@ -15,8 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redb::{Builder, Database, Durability, ReadableTable, TableHandle};
 
 use super::tables::{
-    CHECKPOINT, FORMAT_VERSION_KEY, Failure, META, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT,
-    STATE, STATE_COUNT, classify, state_error,
+    CHECKPOINT, FORMAT_VERSION_KEY, Failure, MARKER_FOLLOWS, META, PROCESSED, PROCESSED_BY_TIME,
+    PROCESSED_COUNT, PROGRESS, STATE, STATE_COUNT, classify, state_error,
 };
 use super::{FORMAT_VERSION, Opened, TXLOG_FILE, TxLog};
 use crate::{Error, Result};
@@ -186,6 +186,9 @@ fn check_format(db: &Database) -> std::result::Result<Format, redb::Error> {
     txn.open_table(STATE)?;
     txn.open_table(STATE_COUNT)?;
     txn.open_table(CHECKPOINT)?;
+    // Added after format version 1 was released: opening creates them in older files.
+    txn.open_table(MARKER_FOLLOWS)?;
+    txn.open_table(PROGRESS)?;
     txn.set_durability(Durability::Immediate)?;
     txn.commit()?;
     Ok(Format::Current { initialized })

@@ -13,8 +13,8 @@ use redb::{
 };
 
 use super::tables::{
-    CHECKPOINT, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT, STATE, STATE_COUNT, partition_range,
-    state_error,
+    CHECKPOINT, MARKER_FOLLOWS, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT, PROGRESS, STATE,
+    STATE_COUNT, partition_range, state_error,
 };
 use super::{Change, PartitionStats};
 use crate::{Error, Result};
@@ -35,6 +35,15 @@ impl fmt::Debug for TxLog {
     }
 }
 
+/// Where a committed batch's changelog records landed in one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Landed {
+    /// Offset of the first record.
+    pub(crate) first: i64,
+    /// The offset after the last record.
+    pub(crate) next: i64,
+}
+
 /// The log as of one moment (see [`TxLog::snapshot`]). Hold it no longer than the reads of
 /// one batch: while it lives, redb cannot reuse the pages later writes free.
 pub(crate) struct Snapshot<'a> {
@@ -52,13 +61,15 @@ impl fmt::Debug for Snapshot<'_> {
 }
 
 impl Snapshot<'_> {
-    /// Whether `id` has a dedup entry in `partition`.
-    pub(crate) fn is_processed(&self, partition: i32, id: &str) -> Result<bool> {
+    /// Whether `id` has a dedup entry in `partition` processed at or after
+    /// `not_before_ms`: an older entry is outside the dedup window even before expiry
+    /// removes it, so it no longer makes a duplicate.
+    pub(crate) fn is_processed(&self, partition: i32, id: &str, not_before_ms: i64) -> Result<bool> {
         let found = self
             .processed
             .get((partition, id))
             .map_err(|e| self.log.error("looking up a processed event", e))?;
-        Ok(found.is_some())
+        Ok(found.is_some_and(|guard| guard.value().1 >= not_before_ms))
     }
 
     /// The value of state `key` in `partition`.
@@ -88,11 +99,21 @@ impl TxLog {
         Ok(found.map(|guard| guard.value()))
     }
 
-    /// Whether `id` has a dedup entry in `partition` (one read; the engine reads through a
-    /// [`Snapshot`]).
+    /// Whether `id` has a dedup entry in `partition`, however old (one read; the engine
+    /// reads through a [`Snapshot`]).
     #[cfg(test)]
     pub(crate) fn is_processed(&self, partition: i32, id: &str) -> Result<bool> {
-        self.snapshot()?.is_processed(partition, id)
+        self.snapshot()?.is_processed(partition, id, i64::MIN)
+    }
+
+    /// The input offset the batches applied so far reached in `partition` (their last
+    /// [`Change::Progress`]), if any batch recorded one.
+    pub(crate) fn progress(&self, partition: i32) -> Result<Option<i64>> {
+        let doing = "reading the progress of a partition";
+        let txn = self.read(doing)?;
+        let table = txn.open_table(PROGRESS).map_err(|e| self.error(doing, e))?;
+        let found = table.get(partition).map_err(|e| self.error(doing, e))?;
+        Ok(found.map(|guard| guard.value()))
     }
 
     /// A consistent view of the dedup entries and the state as of now, in one redb read
@@ -118,8 +139,10 @@ impl TxLog {
         self.snapshot()?.state(partition, key)
     }
 
-    /// Applies each partition's changes in order and sets its checkpoint (when Some) in ONE redb write transaction,
-    /// durable (Durability::Immediate) when it returns. Either everything applies or nothing does.
+    /// Applies changelog records read by replay: each partition's changes in order, and
+    /// its checkpoint (when Some) set to the offset after them, in ONE redb write
+    /// transaction, durable (Durability::Immediate) when it returns. Either everything
+    /// applies or nothing does.
     pub(crate) fn apply(&self, batch: &[(i32, Vec<Change>, Option<i64>)]) -> Result<()> {
         let nothing = batch
             .iter()
@@ -132,13 +155,56 @@ impl TxLog {
         self.write(doing, |txn| {
             let mut writer = Writer::open(txn)?;
             for (partition, changes, checkpoint) in batch {
-                for change in changes {
-                    #[cfg(test)]
-                    tests::inject_failure()?;
-                    writer.apply(*partition, change)?;
-                }
+                writer.apply_all(*partition, changes)?;
                 if let Some(offset) = checkpoint {
                     writer.checkpoint.insert(*partition, *offset)?;
+                    writer.marker_follows.remove(*partition)?;
+                }
+            }
+            writer.store_counts()
+        })
+    }
+
+    /// Applies a batch the engine itself just committed, like [`TxLog::apply`], with where
+    /// its changelog records landed in each partition. The checkpoint moves past them only
+    /// when they directly follow it (with room for one commit marker when the checkpoint
+    /// was set by the previous committed transaction): otherwise records the engine has
+    /// not read lie in between (another producer's, or an aborted batch's), and the
+    /// checkpoint stays where it is so the next replay reads them. Re-reading the
+    /// engine's own records then is harmless: applying a change is idempotent.
+    ///
+    /// `transactional`: the records were committed in a transaction, so a commit marker
+    /// follows them.
+    pub(crate) fn apply_committed(
+        &self,
+        batch: &[(i32, Vec<Change>, Option<Landed>)],
+        transactional: bool,
+    ) -> Result<()> {
+        let doing = "applying a committed batch to the transaction log";
+        self.write(doing, |txn| {
+            let mut writer = Writer::open(txn)?;
+            for (partition, changes, landed) in batch {
+                writer.apply_all(*partition, changes)?;
+                let Some(landed) = landed else { continue };
+                let current = writer.checkpoint.get(*partition)?.map(|g| g.value());
+                let marker = writer.marker_follows.get(*partition)?.is_some();
+                let follows = current.is_some_and(|at| {
+                    landed.first >= at && landed.first <= at + i64::from(marker)
+                });
+                if follows {
+                    writer.checkpoint.insert(*partition, landed.next)?;
+                    if transactional {
+                        writer.marker_follows.insert(*partition, ())?;
+                    } else {
+                        writer.marker_follows.remove(*partition)?;
+                    }
+                } else {
+                    tracing::debug!(
+                        partition,
+                        checkpoint = ?current,
+                        first = landed.first,
+                        "changelog records not read lie before this batch's; the checkpoint stays"
+                    );
                 }
             }
             writer.store_counts()
@@ -198,6 +264,8 @@ impl TxLog {
             txn.open_table(PROCESSED_COUNT)?.remove(partition)?;
             txn.open_table(STATE_COUNT)?.remove(partition)?;
             txn.open_table(CHECKPOINT)?.remove(partition)?;
+            txn.open_table(MARKER_FOLLOWS)?.remove(partition)?;
+            txn.open_table(PROGRESS)?.remove(partition)?;
             Ok(())
         })
     }
@@ -253,6 +321,8 @@ struct Writer<'txn> {
     by_time: Table<'txn, (i32, i64, &'static str), ()>,
     state: Table<'txn, (i32, &'static [u8]), &'static [u8]>,
     checkpoint: Table<'txn, i32, i64>,
+    marker_follows: Table<'txn, i32, ()>,
+    progress: Table<'txn, i32, i64>,
     /// Per partition: change in the number of dedup entries, and of state keys.
     deltas: BTreeMap<i32, (i64, i64)>,
 }
@@ -266,8 +336,24 @@ impl<'txn> Writer<'txn> {
             by_time: txn.open_table(PROCESSED_BY_TIME)?,
             state: txn.open_table(STATE)?,
             checkpoint: txn.open_table(CHECKPOINT)?,
+            marker_follows: txn.open_table(MARKER_FOLLOWS)?,
+            progress: txn.open_table(PROGRESS)?,
             deltas: BTreeMap::new(),
         })
+    }
+
+    /// Applies `changes` to `partition`, in order.
+    fn apply_all(
+        &mut self,
+        partition: i32,
+        changes: &[Change],
+    ) -> std::result::Result<(), redb::Error> {
+        for change in changes {
+            #[cfg(test)]
+            tests::inject_failure()?;
+            self.apply(partition, change)?;
+        }
+        Ok(())
     }
 
     /// Applies one change. Replacing an entry moves its index row rather than adding one,
@@ -319,6 +405,9 @@ impl<'txn> Writer<'txn> {
                 if removed {
                     self.delta(partition).1 -= 1;
                 }
+            }
+            Change::Progress { input_offset } => {
+                self.progress.insert(partition, *input_offset)?;
             }
         }
         Ok(())

@@ -30,6 +30,12 @@ pub(super) const STATE: TableDefinition<'_, (i32, &[u8]), &[u8]> = TableDefiniti
 pub(super) const STATE_COUNT: TableDefinition<'_, i32, u64> = TableDefinition::new("state_count");
 /// partition -> next changelog offset to read.
 pub(super) const CHECKPOINT: TableDefinition<'_, i32, i64> = TableDefinition::new("checkpoint");
+/// partition -> (): present while the checkpoint was set by the engine's own committed
+/// transaction, whose commit marker is then the one changelog offset right after it.
+pub(super) const MARKER_FOLLOWS: TableDefinition<'_, i32, ()> =
+    TableDefinition::new("marker_follows");
+/// partition -> the input offset the applied batches reached (their progress records).
+pub(super) const PROGRESS: TableDefinition<'_, i32, i64> = TableDefinition::new("progress");
 
 /// The bounds covering every key of `partition`, given the smallest key of a partition.
 ///
