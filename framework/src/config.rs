@@ -109,6 +109,9 @@ pub struct EngineConfig {
     /// Treat a record without an event ID (none, or an empty one) as one
     /// that cannot be processed, instead of deduplicating it by offset only (default off).
     pub require_event_id: bool,
+    /// Replication factor of the changelog and dead-letter topics onceflow creates
+    /// (default: the broker's `default.replication.factor`).
+    pub changelog_replication_factor: Option<i32>,
     /// Bound on one Kafka transaction, and so on a hung commit (default 60 s).
     pub transaction_timeout: Duration,
     /// Any other librdkafka property, passed to every client unchanged.
@@ -140,6 +143,10 @@ impl std::fmt::Debug for EngineConfig {
             .field("dedup_max_entries", &self.dedup_max_entries)
             .field("event_id_header", &self.event_id_header)
             .field("require_event_id", &self.require_event_id)
+            .field(
+                "changelog_replication_factor",
+                &self.changelog_replication_factor,
+            )
             .field("transaction_timeout", &self.transaction_timeout)
             .field(
                 "kafka_properties",
@@ -177,6 +184,7 @@ impl EngineConfig {
             dedup_max_entries: None,
             event_id_header: "onceflow-event-id".into(),
             require_event_id: false,
+            changelog_replication_factor: None,
             transaction_timeout: Duration::from_secs(60),
             kafka_properties: Vec::new(),
             on_error: ErrorPolicy::DeadLetter,
@@ -333,15 +341,26 @@ impl EngineConfig {
                 ),
             );
         }
+        if let Some(factor) = self.changelog_replication_factor
+            && factor < 1
+        {
+            bad(
+                "changelog_replication_factor",
+                factor.to_string(),
+                "a whole number of at least 1 (or unset: the broker's default)",
+            );
+        }
         if self.dedup_window.is_zero() {
             bad("dedup_window", "0s".into(), "a duration of more than zero");
         }
-        for (key, _) in &self.kafka_properties {
+        for (key, value) in &self.kafka_properties {
             if [
                 "transactional.id",
                 "isolation.level",
                 "enable.auto.commit",
+                "enable.auto.offset.store",
                 "group.id",
+                "group.instance.id",
             ]
             .contains(&key.as_str())
             {
@@ -350,6 +369,25 @@ impl EngineConfig {
                     "(set)".into(),
                     "not settable: onceflow sets it to keep its guarantee",
                 );
+            }
+            // Each breaks an assumption the engine's poll loop relies on.
+            let refused = match (key.as_str(), value.trim()) {
+                ("enable.partition.eof", "true") => Some(
+                    "false (the default): end-of-partition events would interrupt every poll; \
+                     onceflow needs none",
+                ),
+                ("enable.idempotence", "false") => Some(
+                    "true (the default): without idempotence a retried produce can duplicate \
+                     an output",
+                ),
+                ("acks", "0" | "1") => Some(
+                    "all (the default): with fewer acks a committed output can be lost with a \
+                     broker",
+                ),
+                _ => None,
+            };
+            if let Some(accepted) = refused {
+                bad(key, value.clone(), accepted);
             }
         }
         problems

@@ -7,7 +7,9 @@ use crate::config::EngineConfig;
 use crate::kafka::{self, ClientOptions, ReplayPlan};
 
 /// Re-publishes records of an operator's dead-letter topic to the topic they came from
-/// (header `onceflow-source-topic`), exactly once: run it after fixing the processor.
+/// and partition (headers `onceflow-source-topic`, `onceflow-source-partition`), exactly
+/// once: run it after fixing the processor. A dead letter whose value was left out
+/// (`onceflow-value-omitted`: over the size limit) is passed over with a warning.
 ///
 /// The replay has its own consumer group (`<group>-dlq-replay`) whose offsets commit in
 /// the same transaction as the re-published records, so running it again re-publishes

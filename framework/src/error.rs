@@ -125,6 +125,22 @@ pub enum Error {
         /// How long the engine waited.
         waited: Duration,
     },
+    /// The transaction coordinator aborted the batch's transaction because it was open
+    /// longer than `transaction.timeout.ms` (the broker then fences the producer's
+    /// epoch: librdkafka reports it as fenced, though no other instance exists).
+    #[error(
+        "the batch's transaction was open for {open_for:?}, longer than transaction_timeout \
+         ({timeout:?}), and the coordinator aborted it ({detail}); nothing of it is visible. \
+         A handler that takes this long on one record needs a larger transaction_timeout"
+    )]
+    TransactionTimedOut {
+        /// How long the transaction had been open.
+        open_for: Duration,
+        /// The configured transaction timeout.
+        timeout: Duration,
+        /// The broker's error.
+        detail: String,
+    },
     /// Another instance with the same transactional ID took over: this one must stop.
     #[error(
         "fenced: another instance with {what} started (same group and instance ID), so this \
@@ -187,6 +203,10 @@ pub enum ErrorClass {
     Abortable,
     /// The client is unusable (for example fenced by a newer instance): stop.
     Fatal,
+    /// The broker or the client refused a record for good (too large, invalid for the
+    /// topic, a topic that does not exist): sending the same record again fails the same
+    /// way. The open transaction must be aborted, and the record found and dead-lettered.
+    Rejected,
     /// Not classified by librdkafka: treat as a failure of this call only.
     Other,
 }
@@ -197,6 +217,7 @@ impl ErrorClass {
             ErrorClass::Retriable => "; retriable",
             ErrorClass::Abortable => "; the transaction must be aborted",
             ErrorClass::Fatal => "; fatal: this client cannot go on",
+            ErrorClass::Rejected => "; the record is refused for good",
             ErrorClass::Other => "",
         }
     }
@@ -239,7 +260,18 @@ impl Error {
         matches!(
             self,
             Error::Kafka {
-                class: ErrorClass::Abortable,
+                class: ErrorClass::Abortable | ErrorClass::Rejected,
+                ..
+            }
+        )
+    }
+
+    /// A record was refused for good: sending it again fails the same way.
+    pub fn is_rejection(&self) -> bool {
+        matches!(
+            self,
+            Error::Kafka {
+                class: ErrorClass::Rejected,
                 ..
             }
         )

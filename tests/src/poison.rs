@@ -20,6 +20,10 @@ pub enum Behaviour {
     Transient(u32),
     /// Emits an extra output of this many bytes.
     Huge(usize),
+    /// Stores a state value of this many bytes.
+    HugeState(usize),
+    /// Takes this many milliseconds.
+    Slow(u64),
 }
 
 /// An input order.
@@ -83,6 +87,11 @@ impl Processor for Picky {
         };
         match order.behaviour {
             Behaviour::Fine | Behaviour::Huge(_) => {}
+            Behaviour::HugeState(bytes) => {
+                ctx.state()
+                    .put(&format!("{}-blob", order.key), &"x".repeat(bytes))?;
+            }
+            Behaviour::Slow(ms) => tokio::time::sleep(std::time::Duration::from_millis(ms)).await,
             Behaviour::Permanent if self.fixed => {}
             Behaviour::Permanent => {
                 return Err(Error::processing(format!("order {} refused", order.id)));

@@ -28,6 +28,10 @@ pub(crate) const DLQ_SOURCE_TIMESTAMP: &str = "onceflow-source-timestamp";
 pub(crate) const DLQ_PROCESSOR: &str = "onceflow-processor";
 pub(crate) const DLQ_ATTEMPTS: &str = "onceflow-attempts";
 pub(crate) const DLQ_AT: &str = "onceflow-dead-lettered-at";
+/// Set (to the value's size in bytes) when the record's value was left out of its dead
+/// letter because the copy would be over the topic's size limit; the value is still in
+/// the source topic at the source offset, while that is retained.
+pub(crate) const DLQ_VALUE_OMITTED: &str = "onceflow-value-omitted";
 /// Dedup entries expired per partition per batch, at most: expiry keeps pace with load
 /// without making any one batch large.
 const EXPIRE_PER_BATCH: usize = 1_000;
@@ -67,11 +71,49 @@ impl Batch<'_> {
         let mut first = 0;
         let mut index = 0;
         let mut retry = Retry::new(config);
+        // A transaction open longer than `transaction.timeout.ms` is aborted by its
+        // coordinator: a slow batch commits what it has done at half of it.
+        let bound = config.transaction_timeout / 2;
+        let mut begun = std::time::Instant::now();
+        let timed_out = |error: Error, begun: std::time::Instant| match error {
+            Error::Fenced { detail, .. }
+                if config.delivery == DeliveryMode::ExactlyOnce
+                    && begun.elapsed() >= config.transaction_timeout =>
+            {
+                Error::TransactionTimedOut {
+                    open_for: begun.elapsed(),
+                    timeout: config.transaction_timeout,
+                    detail,
+                }
+            }
+            other => other,
+        };
         while let Some(record) = records.get(index) {
-            match self.step(processor, record, &mut part, &mut retry).await? {
+            let step = self
+                .step(processor, record, &mut part, &mut retry)
+                .await
+                .map_err(|e| timed_out(e, begun))?;
+            match step {
                 Step::Next => {
                     index += 1;
                     retry = Retry::new(config);
+                    if config.delivery == DeliveryMode::ExactlyOnce
+                        && begun.elapsed() >= bound
+                        && index < records.len()
+                    {
+                        tracing::debug!(
+                            committed = index - first,
+                            open_for = ?begun.elapsed(),
+                            "the transaction is open for half its timeout: committing what is done"
+                        );
+                        self.commit(&records[first..index], part)
+                            .await
+                            .map_err(|e| timed_out(e, begun))?;
+                        part = Part::new(self.txlog, config.dedup_window)?;
+                        first = index;
+                        self.producer.begin()?;
+                        begun = std::time::Instant::now();
+                    }
                 }
                 Step::Wait(delay) => {
                     let done = &records[first..index];
@@ -92,10 +134,39 @@ impl Batch<'_> {
                     );
                     tokio::time::sleep(delay).await;
                     self.producer.begin()?;
+                    begun = std::time::Instant::now();
                 }
             }
         }
-        self.commit(&records[first..], part).await
+        self.commit(&records[first..], part)
+            .await
+            .map_err(|e| timed_out(e, begun))
+    }
+
+    /// Handles `record`, which fails every transaction it is in, per `on_error` in a
+    /// transaction of its own (dead-lettered with `class`, skipped, or the instance stops),
+    /// and commits its offset.
+    pub(super) async fn fail_alone(
+        &self,
+        record: &kafka::Record,
+        class: &'static str,
+        error: Error,
+    ) -> Result<()> {
+        let config = self.config;
+        match config.delivery {
+            DeliveryMode::ExactlyOnce => self.producer.begin()?,
+            DeliveryMode::AtMostOnce => {
+                self.consumer
+                    .commit(next_offsets(std::slice::from_ref(record)))
+                    .await?
+            }
+            DeliveryMode::AtLeastOnce => {}
+        }
+        let mut part = Part::new(self.txlog, config.dedup_window)?;
+        let now_ms = part.now_ms;
+        self.fail(record, class, error, 1, &mut part.failed, now_ms)
+            .await?;
+        self.commit(std::slice::from_ref(record), part).await
     }
 
     /// Handles one record into `part`: skipped as a duplicate, processed, or failed per
@@ -199,6 +270,40 @@ impl Batch<'_> {
         // would fail the whole transaction again on every retry: check first, and treat
         // it as this input's failure, before any of its outputs enters the transaction.
         let limit = |topic: &str| self.output_limits.get(topic).copied().unwrap_or(usize::MAX);
+        // The same for what the record adds to the changelog: a state value (or an event
+        // ID) over the changelog's limit would fail every transaction it is in.
+        let writes = writes.into_changes();
+        let changelog_limit = limit(self.changelog);
+        let dedup_entry = event_id.as_ref().map(|id| Change::Processed {
+            id: id.clone(),
+            offset: record.offset,
+            processed_at_ms: now_ms,
+        });
+        let oversized = writes
+            .iter()
+            .flat_map(|(_, list)| list)
+            .chain(dedup_entry.as_ref())
+            .map(|change| {
+                let (key, value) = change.encode();
+                (change, key.len() + value.map_or(0, |v| v.len()))
+            })
+            .find(|(_, size)| *size > changelog_limit);
+        if let Some((change, size)) = oversized {
+            let (class, what) = match change {
+                Change::Processed { .. } => ("event-id-too-large", "its event ID"),
+                _ => ("state-too-large", "a state value it wrote"),
+            };
+            let error = Error::Encode {
+                what: format!("{what}, as a record of changelog `{}`", self.changelog),
+                message: format!(
+                    "{size} bytes, over the {changelog_limit} bytes the producer and the topic \
+                     accept (message.max.bytes, max.message.bytes)"
+                ),
+            };
+            self.fail(record, class, error, 1, &mut part.failed, now_ms)
+                .await?;
+            return Ok(Step::Next);
+        }
         if let Some(output) = outputs.iter().find(|o| o.size() > limit(&o.topic)) {
             let error = Error::Encode {
                 what: format!("a record for `{}`", output.topic),
@@ -534,15 +639,38 @@ impl Batch<'_> {
                     (DLQ_ATTEMPTS, Some(attempts_text.as_bytes())),
                     (DLQ_AT, Some(at.as_bytes())),
                 ]);
+                // A copy over the dead-letter topic's limit would fail the batch on every
+                // retry: leave the value out (it is still at its source offset) and say so.
+                let limit = self
+                    .output_limits
+                    .get(&topic)
+                    .copied()
+                    .unwrap_or(usize::MAX);
+                let size = |value: Option<&[u8]>, headers: &[(&str, Option<&[u8]>)]| {
+                    record.key.as_ref().map_or(0, Vec::len)
+                        + value.map_or(0, <[u8]>::len)
+                        + headers
+                            .iter()
+                            .map(|(name, value)| name.len() + value.map_or(0, <[u8]>::len))
+                            .sum::<usize>()
+                };
+                let mut value = record.value.as_deref();
+                let omitted = value.map_or(0, <[u8]>::len).to_string();
+                if size(value, &headers) > limit {
+                    value = None;
+                    headers.push((DLQ_VALUE_OMITTED, Some(omitted.as_bytes())));
+                    tracing::warn!(
+                        topic,
+                        partition = record.partition,
+                        offset = record.offset,
+                        bytes = %omitted,
+                        limit,
+                        "dead letter over the topic's size limit: its value is left out"
+                    );
+                }
                 let pending = self
                     .producer
-                    .send_with_headers(
-                        &topic,
-                        None,
-                        record.key.as_deref(),
-                        record.value.as_deref(),
-                        &headers,
-                    )
+                    .send_with_headers(&topic, None, record.key.as_deref(), value, &headers)
                     .await?;
                 failed.pending.push(pending);
                 failed.dead_lettered += 1;
@@ -705,8 +833,8 @@ fn decode<T: serde::de::DeserializeOwned>(record: &kafka::Record) -> Result<T> {
 }
 
 /// Moves one record's writes into the batch's overlay.
-fn merge(batch: &mut Overlay, writes: Overlay) {
-    for (partition, changes) in writes.into_changes() {
+fn merge(batch: &mut Overlay, writes: Vec<(i32, Vec<Change>)>) {
+    for (partition, changes) in writes {
         for change in changes {
             match change {
                 Change::State {

@@ -206,6 +206,9 @@ impl Engine {
         );
 
         let mut owned = BTreeSet::new();
+        // Batches that failed in a row: after ISOLATE_AFTER, records go one per
+        // transaction until the one that fails is found.
+        let mut failures = 0u32;
         let outcome = loop {
             if self.shutdown.is_triggered() {
                 break Ok(());
@@ -253,10 +256,16 @@ impl Engine {
             if polled.records.is_empty() {
                 continue;
             }
-            let step = batch::Batch {
+            let resync = Resync {
+                options,
+                config: &config,
+                changelog: &changelog,
+                txlog: &txlog,
+                stats: &self.stats,
+            };
+            let parts = Parts {
                 config: &config,
                 consumer: &consumer,
-                producer: &producer,
                 txlog: &txlog,
                 stats: &self.stats,
                 declared: &declared,
@@ -264,32 +273,61 @@ impl Engine {
                 output_limits: &output_limits,
             };
             let span = tracing::info_span!("batch", records = polled.records.len());
-            match step
-                .run(&mut processor, polled.records)
+            let one_by_one =
+                failures >= ISOLATE_AFTER && config.delivery != DeliveryMode::AtMostOnce;
+            let failed = if one_by_one {
+                isolate(
+                    &parts,
+                    &resync,
+                    &mut processor,
+                    &mut producer,
+                    &owned,
+                    polled.records,
+                )
                 .instrument(span)
                 .await
-            {
-                Ok(()) => {}
-                Err(error) => {
-                    Stats::add(&self.stats.aborts, 1);
-                    let resync = Resync {
-                        options,
-                        config: &config,
-                        changelog: &changelog,
-                        txlog: &txlog,
-                        stats: &self.stats,
-                    };
-                    if let Err(stop) =
-                        recover(&resync, &consumer, &mut producer, &owned, &error).await
-                    {
-                        break Err(stop);
-                    }
-                    if stops_the_instance(&error) {
-                        break Err(error);
-                    }
-                    tracing::warn!(%error, "batch aborted and rewound; going on");
+            } else {
+                parts
+                    .batch(&producer)
+                    .run(&mut processor, polled.records)
+                    .instrument(span)
+                    .await
+                    .err()
+                    .map(Failed::Batch)
+            };
+            let error = match failed {
+                None => {
+                    failures = 0;
+                    continue;
                 }
+                Some(Failed::Stop(error)) => break Err(error),
+                Some(Failed::Isolated) => {
+                    // The culprit is dead-lettered; the records after it come again.
+                    continue;
+                }
+                Some(Failed::Batch(error)) => error,
+            };
+            Stats::add(&self.stats.aborts, 1);
+            if let Err(stop) = recover(&resync, &consumer, &mut producer, &owned, &error).await {
+                break Err(stop);
             }
+            if stops_the_instance(&error) {
+                break Err(error);
+            }
+            failures += 1;
+            let delay = abort_backoff(failures);
+            metrics::gauge!("onceflow_consecutive_aborts").set(f64::from(failures));
+            // Rate-limited: a batch that fails every time must not flood the logs.
+            if failures <= 3 || failures.is_power_of_two() {
+                tracing::warn!(
+                    %error,
+                    consecutive = failures,
+                    ?delay,
+                    one_by_one = failures >= ISOLATE_AFTER,
+                    "batch aborted and rewound; going on"
+                );
+            }
+            tokio::time::sleep(delay).await;
         };
 
         if let Err(error) = consumer.close().await {
@@ -301,6 +339,102 @@ impl Engine {
         tracing::info!(?snapshot, result = ?outcome.as_ref().map(|_| ()), "engine stopped");
         outcome.map(|()| snapshot)
     }
+}
+
+/// Failed batches in a row after which the engine looks for the record that fails them.
+const ISOLATE_AFTER: u32 = 2;
+
+/// The pause after the `failures`-th failed batch in a row: 100 ms, doubling, at most 5 s.
+fn abort_backoff(failures: u32) -> std::time::Duration {
+    let doublings = failures.saturating_sub(1).min(6);
+    std::time::Duration::from_millis(100 * (1 << doublings)).min(std::time::Duration::from_secs(5))
+}
+
+/// What a batch needs besides the producer, which recovery may replace between two.
+struct Parts<'a> {
+    config: &'a EngineConfig,
+    consumer: &'a InputConsumer,
+    txlog: &'a Arc<TxLog>,
+    stats: &'a Arc<Stats>,
+    declared: &'a BTreeSet<String>,
+    changelog: &'a str,
+    output_limits: &'a std::collections::BTreeMap<String, usize>,
+}
+
+impl<'a> Parts<'a> {
+    fn batch(&self, producer: &'a OutputProducer) -> batch::Batch<'a> {
+        batch::Batch {
+            config: self.config,
+            consumer: self.consumer,
+            producer,
+            txlog: self.txlog,
+            stats: self.stats,
+            declared: self.declared,
+            changelog: self.changelog,
+            output_limits: self.output_limits,
+        }
+    }
+}
+
+/// How a batch failed.
+enum Failed {
+    /// It failed as a whole: abort, rewind, and try again.
+    Batch(Error),
+    /// The record that failed it alone was dead-lettered (and everything is rewound).
+    Isolated,
+    /// The instance must stop.
+    Stop(Error),
+}
+
+/// Runs `records` one per transaction, after batches failed in a row: the record that
+/// fails alone, refused for good by the broker (too large, invalid for its topic) or
+/// holding its transaction past the timeout, is the one that fails them all. It is
+/// handled per `on_error` in a transaction of its own, and the partitions are rewound
+/// to what is committed; the records after it come again with the next poll.
+async fn isolate<P: Processor>(
+    parts: &Parts<'_>,
+    resync: &Resync<'_>,
+    processor: &mut P,
+    producer: &mut OutputProducer,
+    owned: &BTreeSet<i32>,
+    records: Vec<kafka::Record>,
+) -> Option<Failed> {
+    for record in records {
+        let alone = parts
+            .batch(producer)
+            .run(processor, vec![record.clone()])
+            .await;
+        let Err(error) = alone else { continue };
+        let class = match &error {
+            e if e.is_rejection() => "rejected",
+            Error::TransactionTimedOut { .. } => "transaction-timeout",
+            _ => return Some(Failed::Batch(error)),
+        };
+        Stats::add(&parts.stats.aborts, 1);
+        if let Err(stop) = recover(resync, parts.consumer, producer, owned, &error).await {
+            return Some(Failed::Stop(stop));
+        }
+        tracing::warn!(
+            %error,
+            class,
+            partition = record.partition,
+            offset = record.offset,
+            "found the record that fails its batches"
+        );
+        if let Err(stop) = parts
+            .batch(producer)
+            .fail_alone(&record, class, error)
+            .await
+        {
+            return Some(Failed::Stop(stop));
+        }
+        let next = vec![(record.partition, Some(record.offset + 1))];
+        if let Err(stop) = parts.consumer.seek(next).await {
+            return Some(Failed::Stop(stop));
+        }
+        return Some(Failed::Isolated);
+    }
+    None
 }
 
 async fn new_producer(options: &ClientOptions, config: &EngineConfig) -> Result<OutputProducer> {
@@ -363,7 +497,13 @@ async fn recover(
     if matches!(cause, Error::Fenced { .. }) {
         return Ok(());
     }
-    if config.delivery == DeliveryMode::ExactlyOnce
+    if let Error::TransactionTimedOut { .. } = cause {
+        // The coordinator aborted the transaction and bumped the producer's epoch: this
+        // producer is unusable, but no other instance has the transactional ID.
+        tracing::warn!(error = %cause, "recreating the producer after a transaction timeout");
+        *producer =
+            retry_transient("recreate the producer", || new_producer(options, config)).await?;
+    } else if config.delivery == DeliveryMode::ExactlyOnce
         && let Err(error) = producer.abort().await
     {
         if matches!(error, Error::Fenced { .. }) {

@@ -41,8 +41,32 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
         }
     }
     let changelog = config.changelog_topic();
+    let factor = config.changelog_replication_factor.map(|f| f.to_string());
+    let mut changelog_configs = vec![("cleanup.policy", "compact")];
+    let mut dead_letter_configs = Vec::new();
+    if let Some(factor) = &factor {
+        changelog_configs.push(("replication.factor", factor.as_str()));
+        dead_letter_configs.push(("replication.factor", factor.as_str()));
+    }
     match kafka::partition_count(options, &changelog, METADATA_TIMEOUT).await? {
-        Some(found) if found == partitions => {}
+        Some(found) if found == partitions => {
+            // Deletion would drop dedup entries and state that are still in use.
+            let policy =
+                kafka::topic_config(options, &changelog, "cleanup.policy", METADATA_TIMEOUT)
+                    .await?
+                    .unwrap_or_default();
+            if !policy.split(',').any(|p| p.trim() == "compact") {
+                return Err(Error::Config {
+                    key: "changelog_topic".into(),
+                    value: changelog.clone(),
+                    accepted: format!(
+                        "a compacted topic, but its cleanup.policy is `{policy}`: retention would \
+                         delete dedup entries and state still in use; set cleanup.policy=compact \
+                         on it (kafka-configs.sh --alter --add-config cleanup.policy=compact)"
+                    ),
+                });
+            }
+        }
         Some(found) => {
             return Err(Error::Config {
                 key: "changelog_topic".into(),
@@ -54,26 +78,41 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
                 ),
             });
         }
-        None => {
-            create(
-                options,
-                &changelog,
-                partitions,
-                &[("cleanup.policy", "compact")],
-            )
-            .await?
-        }
+        None => create(options, &changelog, partitions, &changelog_configs).await?,
     }
+    warn_if_not_durable(options, &changelog).await?;
     if config.on_error == ErrorPolicy::DeadLetter {
         let dead_letters = config.dead_letter_topic();
         if kafka::partition_count(options, &dead_letters, METADATA_TIMEOUT)
             .await?
             .is_none()
         {
-            create(options, &dead_letters, partitions, &[]).await?;
+            create(options, &dead_letters, partitions, &dead_letter_configs).await?;
         }
+        warn_if_not_durable(options, &dead_letters).await?;
     }
     Ok(partitions)
+}
+
+/// Warns when `topic` would lose committed records with one broker: fewer than 3
+/// replicas, or `min.insync.replicas` below 2. Fine on a one-broker test cluster, not in
+/// production: the changelog holds the dedup log and the state.
+async fn warn_if_not_durable(options: &ClientOptions, topic: &str) -> Result<()> {
+    let replicas = kafka::replica_count(options, topic, METADATA_TIMEOUT).await?;
+    let min_isr = kafka::topic_config(options, topic, "min.insync.replicas", METADATA_TIMEOUT)
+        .await?
+        .and_then(|v| v.parse::<usize>().ok());
+    if replicas.is_some_and(|r| r < 3) || min_isr.is_some_and(|m| m < 2) {
+        tracing::warn!(
+            topic,
+            replicas = ?replicas,
+            min_insync_replicas = ?min_isr,
+            "topic is not durable against a broker failure (want 3 replicas and \
+             min.insync.replicas 2; set changelog_replication_factor, or the broker's \
+             default.replication.factor and min.insync.replicas)"
+        );
+    }
+    Ok(())
 }
 
 /// Creates a topic onceflow owns; another instance creating it at the same moment is fine.
@@ -90,7 +129,7 @@ async fn create(
     }
 }
 
-/// The largest record (key and value) each output topic accepts: the smaller of the
+/// The largest record (key and value) each topic the engine writes accepts: the smaller of the
 /// producer's `message.max.bytes` and the topic's `max.message.bytes`, less a margin for
 /// the record batch framing the broker counts too.
 pub(crate) async fn output_limits(
@@ -101,7 +140,14 @@ pub(crate) async fn output_limits(
     /// Batch and record headers of a one-record batch, rounded up.
     const FRAMING: usize = 512;
     let mut limits = BTreeMap::new();
-    for topic in &config.output_topics {
+    // Every topic the engine writes: a changelog or dead-letter record over the limit
+    // would fail its batch on every retry, like an output.
+    let mut written = config.output_topics.clone();
+    written.push(config.changelog_topic());
+    if config.on_error == ErrorPolicy::DeadLetter {
+        written.push(config.dead_letter_topic());
+    }
+    for topic in &written {
         let broker_limit =
             kafka::topic_config(options, topic, "max.message.bytes", METADATA_TIMEOUT)
                 .await?

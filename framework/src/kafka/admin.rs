@@ -38,7 +38,8 @@ pub(crate) async fn create_topic(
             })
         })
         .transpose()?
-        .unwrap_or(1);
+        // -1: the broker's default.replication.factor (KIP-464), as every tool does.
+        .unwrap_or(-1);
     let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replication));
     for (key, value) in configs
         .iter()
@@ -139,6 +140,31 @@ pub(crate) async fn probe(options: &ClientOptions, topic: &str, timeout: Duratio
 }
 
 /// The number of partitions of `topic`, or `None` when it does not exist.
+/// How many replicas the first partition of `topic` has (`None`: no such topic).
+pub(crate) async fn replica_count(
+    options: &ClientOptions,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<usize>> {
+    let consumer: BaseConsumer = options
+        .config(&[])
+        .create()
+        .map_err(|e| kafka_error("create metadata client", e))?;
+    let topic = topic.to_owned();
+    blocking("fetch topic metadata", move || {
+        let metadata = consumer
+            .fetch_metadata(Some(&topic), timeout)
+            .map_err(|e| kafka_error(format!("fetch metadata of `{topic}`"), e))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .and_then(|t| t.partitions().first())
+            .map(|p| p.replicas().len()))
+    })
+    .await
+}
+
 pub(crate) async fn partition_count(
     options: &ClientOptions,
     topic: &str,
@@ -201,4 +227,56 @@ pub(crate) async fn topic_config(
         }
     }
     Ok(None)
+}
+
+/// Sets topic-level configuration `name` = `value` on `topic` (an incremental change:
+/// the topic's other settings stay as they are).
+#[cfg(feature = "testkit")]
+pub(crate) async fn alter_topic_config(
+    options: &ClientOptions,
+    topic: &str,
+    name: &str,
+    value: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let operation = format!("set `{name}` = `{value}` on `{topic}`");
+    let admin: AdminClient<DefaultClientContext> = options
+        .config(&[])
+        .create()
+        .map_err(|e| kafka_error(&operation, e))?;
+    // The admin API's alter is not incremental: keep the settings set on the topic.
+    let mut alteration = rdkafka::admin::AlterConfig::new(ResourceSpecifier::Topic(topic));
+    let described = admin
+        .describe_configs(
+            &[ResourceSpecifier::Topic(topic)],
+            &AdminOptions::new().request_timeout(Some(timeout)),
+        )
+        .await
+        .map_err(|e| kafka_error(&operation, e))?;
+    let mut kept = Vec::new();
+    for result in described {
+        let resource = result.map_err(|code| kafka_error(&operation, KafkaError::AdminOp(code)))?;
+        for entry in resource.entries {
+            if entry.source == rdkafka::admin::ConfigSource::DynamicTopic && entry.name != name {
+                if let Some(value) = entry.value {
+                    kept.push((entry.name, value));
+                }
+            }
+        }
+    }
+    for (key, value) in &kept {
+        alteration = alteration.set(key, value);
+    }
+    alteration = alteration.set(name, value);
+    let results = admin
+        .alter_configs(
+            &[alteration],
+            &AdminOptions::new().request_timeout(Some(timeout)),
+        )
+        .await
+        .map_err(|e| kafka_error(&operation, e))?;
+    for result in results {
+        result.map_err(|(_, code)| kafka_error(&operation, KafkaError::AdminOp(code)))?;
+    }
+    Ok(())
 }

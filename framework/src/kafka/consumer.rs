@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, Offset, Statistics, TopicPartitionList};
 
 use super::{ClientOptions, Isolation, Record, blocking, kafka_error, types::to_record};
@@ -188,6 +189,8 @@ impl InputConsumer {
                 match message {
                     None => {}
                     Some(Ok(message)) => polled.records.push(to_record(&message)),
+                    // Routine; the engine's own consumer does not ask for it.
+                    Some(Err(KafkaError::PartitionEOF(_))) => {}
                     Some(Err(error)) => {
                         let error = kafka_error(format!("consume `{topic}`"), error);
                         if error.kafka_code() == Some("FencedInstanceId") {
@@ -196,7 +199,17 @@ impl InputConsumer {
                                 detail: error.to_string(),
                             });
                         }
-                        return Err(error);
+                        if error.is_fatal() {
+                            return Err(error);
+                        }
+                        // librdkafka's position is already past the records gathered so
+                        // far: returning the error without them would lose them (the next
+                        // batch would commit beyond). Keep them, say what happened, and
+                        // let the engine process them.
+                        tracing::warn!(%error, gathered = polled.records.len(), "consumer error during a poll; keeping what was gathered");
+                        if !polled.records.is_empty() {
+                            break;
+                        }
                     }
                 }
                 if !polled.rebalances.is_empty() {

@@ -130,6 +130,27 @@ pub(crate) fn replay_dead_letters(
                 passed_over += 1;
                 continue;
             };
+            if let Some(size) = header("onceflow-value-omitted") {
+                // Its value was too large for the dead-letter topic; it is only at the
+                // source offset now. Re-publishing the rest would be a different record.
+                tracing::warn!(
+                    dead_letter = %format!("{topic}/{}@{}", message.partition(), message.offset()),
+                    source = ?(header("onceflow-source-topic"), header("onceflow-source-partition"), header("onceflow-source-offset")),
+                    bytes = %size,
+                    "passed over: this dead letter has no value (it was over the size limit); \
+                     re-publish it from its source offset"
+                );
+                passed_over += 1;
+                continue;
+            }
+            // Back to the partition it came from, not where librdkafka's partitioner
+            // would put its key: dedup and state are per input partition, and upstreams
+            // partition in their own ways (Java's murmur2, explicit partitions).
+            let source_partition = (header("onceflow-source-topic").as_deref()
+                == Some(target.as_str()))
+            .then(|| header("onceflow-source-partition"))
+            .flatten()
+            .and_then(|p| p.parse::<i32>().ok());
             let mut headers = OwnedHeaders::new();
             if let Some(original) = message.headers() {
                 for h in original.iter().filter(|h| !h.key.starts_with("onceflow-")) {
@@ -145,6 +166,9 @@ pub(crate) fn replay_dead_letters(
                 value: Some(from.as_bytes()),
             });
             let mut record = BaseRecord::<[u8], [u8]>::to(&target).headers(headers);
+            if let Some(partition) = source_partition {
+                record = record.partition(partition);
+            }
             if let Some(key) = message.key() {
                 record = record.key(key);
             }

@@ -24,6 +24,8 @@ pub(crate) fn kafka_error(operation: impl Into<String>, error: KafkaError) -> Er
         // is made or the transaction aborted: stop, whatever else librdkafka says.
         let class = if rd.is_fatal() || security::is_refused(rd.code()) {
             ErrorClass::Fatal
+        } else if rejects_the_record(rd.code()) {
+            ErrorClass::Rejected
         } else if rd.txn_requires_abort() {
             ErrorClass::Abortable
         } else if rd.is_retriable() {
@@ -39,6 +41,15 @@ pub(crate) fn kafka_error(operation: impl Into<String>, error: KafkaError) -> Er
         };
     }
     let code = error.rdkafka_error_code();
+    if let KafkaError::MessageConsumptionFatal(code) = &error {
+        // librdkafka raised it as fatal: the consumer cannot go on, however often polled.
+        return Error::Kafka {
+            operation,
+            code: format!("{code:?}"),
+            message: error.to_string(),
+            class: ErrorClass::Fatal,
+        };
+    }
     Error::Kafka {
         operation,
         code: code.map_or_else(|| "UNKNOWN".to_owned(), |code| format!("{code:?}")),
@@ -47,11 +58,33 @@ pub(crate) fn kafka_error(operation: impl Into<String>, error: KafkaError) -> Er
     }
 }
 
+/// Whether `code` says a record was refused for good: the same record fails the same
+/// way however often it is sent (librdkafka's local size check, the broker's size,
+/// validation and topic checks).
+fn rejects_the_record(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidMessage
+            | C::InvalidRecord
+            | C::MessageBatchTooLarge
+            | C::InvalidTopic
+            | C::UnknownTopic
+            | C::UnknownPartition
+            | C::PolicyViolation
+    )
+}
+
 /// Classifies a bare error code, for calls outside the transactional API.
 fn classify_code(code: RDKafkaErrorCode) -> ErrorClass {
     use RDKafkaErrorCode as C;
     if security::is_refused(code) {
         return ErrorClass::Fatal;
+    }
+    if rejects_the_record(code) {
+        return ErrorClass::Rejected;
     }
     match code {
         C::Fenced

@@ -19,8 +19,8 @@ mod types;
 mod write;
 
 #[cfg(feature = "testkit")]
-pub(crate) use admin::probe;
-pub(crate) use admin::{create_topic, partition_count, topic_config};
+pub(crate) use admin::{alter_topic_config, probe};
+pub(crate) use admin::{create_topic, partition_count, replica_count, topic_config};
 pub(crate) use blocking::blocking;
 pub(crate) use consumer::{InputConsumer, Rebalanced};
 pub(crate) use dlq::{ReplayPlan, replay_dead_letters};

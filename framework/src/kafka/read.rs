@@ -127,7 +127,9 @@ pub(crate) async fn committed_offsets(
 /// The partition numbers of `topic`; an error if the topic does not exist.
 fn partitions_of<C: rdkafka::consumer::ConsumerContext>(
     consumer: &BaseConsumer<C>,
-    topic: &str, timeout: Duration) -> Result<Vec<i32>> {
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<i32>> {
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
         .map_err(|e| kafka_error(format!("fetch metadata of `{topic}`"), e))?;

@@ -107,7 +107,10 @@ fn render(stats: &Stats, handle: &PrometheusHandle) -> String {
         ("onceflow_duplicates_skipped_total", s.duplicates_skipped),
         ("onceflow_dead_lettered_total", s.dead_lettered),
         ("onceflow_skipped_total", s.skipped),
-        ("onceflow_records_without_event_id_total", s.without_event_id),
+        (
+            "onceflow_records_without_event_id_total",
+            s.without_event_id,
+        ),
         ("onceflow_commits_total", s.commits),
         ("onceflow_aborts_total", s.aborts),
         ("onceflow_replayed_records_total", s.replayed_records),

@@ -152,6 +152,12 @@ const SETTINGS: &[Setting] = &[
         "Changelog topic [default: <group>-txlog]",
     ),
     setting(
+        "changelog_replication_factor",
+        None,
+        "N",
+        "Replication factor of the changelog and dead-letter topics onceflow creates [default: the broker's]",
+    ),
+    setting(
         "max_attempts",
         Some("5"),
         "N",
@@ -601,6 +607,10 @@ fn build(
     let max_retry_time = duration("max_retry_time", &mut bad);
     let max_batch_records = number("max_batch_records", &mut bad);
     let max_attempts = number("max_attempts", &mut bad);
+    let changelog_replication_factor = match text("changelog_replication_factor").as_str() {
+        "" => None,
+        _ => number("changelog_replication_factor", &mut bad).and_then(|n| i32::try_from(n).ok()),
+    };
     let dedup_max_entries = match text("dedup_max_entries").as_str() {
         "none" | "" => Some(None),
         _ => number("dedup_max_entries", &mut bad).map(Some),
@@ -669,6 +679,7 @@ fn build(
     engine.event_id_header = text("event_id_header");
     engine.dead_letter_topic = Some(text("dead_letter_topic"));
     engine.changelog_topic = Some(text("changelog_topic"));
+    engine.changelog_replication_factor = changelog_replication_factor;
     engine.kafka_properties = kafka.into_iter().map(|(k, v, _)| (k, v)).collect();
     engine.commit_interval = commit_interval?;
     engine.dedup_window = dedup_window?;

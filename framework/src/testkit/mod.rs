@@ -93,6 +93,12 @@ impl Kafka {
         client::create_topic(&self.options, name, partitions, configs, DEFAULT_TIMEOUT).await
     }
 
+    /// Sets topic-level configuration `name` = `value` on an existing topic (e.g. lower
+    /// `max.message.bytes` under a running processor).
+    pub async fn alter_topic_config(&self, topic: &str, name: &str, value: &str) -> Result<()> {
+        client::alter_topic_config(&self.options, topic, name, value, DEFAULT_TIMEOUT).await
+    }
+
     /// Writes records with an idempotent producer and returns where each landed
     /// (`(partition, offset)`, in order).
     pub async fn produce(

@@ -64,7 +64,12 @@ impl Snapshot<'_> {
     /// Whether `id` has a dedup entry in `partition` processed at or after
     /// `not_before_ms`: an older entry is outside the dedup window even before expiry
     /// removes it, so it no longer makes a duplicate.
-    pub(crate) fn is_processed(&self, partition: i32, id: &str, not_before_ms: i64) -> Result<bool> {
+    pub(crate) fn is_processed(
+        &self,
+        partition: i32,
+        id: &str,
+        not_before_ms: i64,
+    ) -> Result<bool> {
         let found = self
             .processed
             .get((partition, id))
@@ -188,9 +193,8 @@ impl TxLog {
                 let Some(landed) = landed else { continue };
                 let current = writer.checkpoint.get(*partition)?.map(|g| g.value());
                 let marker = writer.marker_follows.get(*partition)?.is_some();
-                let follows = current.is_some_and(|at| {
-                    landed.first >= at && landed.first <= at + i64::from(marker)
-                });
+                let follows = current
+                    .is_some_and(|at| landed.first >= at && landed.first <= at + i64::from(marker));
                 if follows {
                     writer.checkpoint.insert(*partition, landed.next)?;
                     if transactional {

@@ -1,0 +1,303 @@
+//! Exactly-once holes seen under ordinary failures, each shown against the real broker:
+//! event IDs that are not IDs, the dedup window, records the broker refuses for good,
+//! slow batches, and the order of writes in at-least-once mode.
+
+use std::time::Duration;
+
+use onceflow::testkit::{Isolation, OutgoingRecord, Record};
+use onceflow::{DeliveryMode, Engine, EngineConfig, Error, StatsSnapshot};
+use onceflow_e2e::Operator;
+use onceflow_e2e::poison::{Behaviour, Order, Picky};
+use onceflow_e2e::sum::{self, Amount, Sum};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const WITHIN: Duration = Duration::from_secs(90);
+
+async fn setup(name: &str, partitions: i32) -> Result<Operator, Box<dyn std::error::Error>> {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    Ok(Operator::new(name, partitions).await?)
+}
+
+/// Runs `processor` until the group has committed the whole input, then stops it.
+async fn run_to_end<P: onceflow::Processor>(
+    s: &Operator,
+    config: EngineConfig,
+    processor: P,
+) -> Result<StatsSnapshot, Box<dyn std::error::Error>> {
+    let engine = Engine::new(config)?;
+    let shutdown = engine.shutdown_handle();
+    let running = tokio::spawn(engine.run(processor));
+    let caught_up = sum::wait_for_caught_up(s.kafka, &s.group, &s.input, WITHIN).await;
+    shutdown.trigger();
+    let stats = running.await??;
+    caught_up?;
+    Ok(stats)
+}
+
+fn amount(id: Option<&str>, key: &str, amount: i64) -> Amount {
+    Amount {
+        id: id.map(str::to_owned),
+        key: key.into(),
+        amount,
+    }
+}
+
+fn keyed(event: &Amount) -> OutgoingRecord {
+    OutgoingRecord::keyed(event.key.clone(), serde_json::to_vec(event).expect("json"))
+}
+
+fn order(i: usize, behaviour: Behaviour) -> Order {
+    Order {
+        id: format!("o-{i}"),
+        key: "k".into(),
+        behaviour,
+    }
+}
+
+async fn produce_orders(s: &Operator, orders: &[Order]) -> TestResult {
+    let records = orders
+        .iter()
+        .map(|o| OutgoingRecord::keyed(o.key.clone(), serde_json::to_vec(o).expect("json")));
+    s.kafka.produce(&s.input, records).await?;
+    Ok(())
+}
+
+/// The order IDs on the output topic under `read_committed`, in offset order.
+async fn output_ids(s: &Operator) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let outputs = s
+        .kafka
+        .read_to_end(&s.output, Isolation::ReadCommitted)
+        .await?;
+    Ok(outputs
+        .iter()
+        .filter(|r| r.value.as_ref().is_some_and(|v| v.len() < 100))
+        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()))
+        .collect::<Result<_, _>>()?)
+}
+
+async fn dead_letters(s: &Operator) -> Result<Vec<Record>, Box<dyn std::error::Error>> {
+    let dlq = format!("{}-dlq", s.group);
+    Ok(s.kafka.read_to_end(&dlq, Isolation::ReadCommitted).await?)
+}
+
+fn header(record: &Record, name: &str) -> String {
+    String::from_utf8_lossy(record.header(name).unwrap_or_default()).into_owned()
+}
+
+/// Item 2. Five events whose ID is `""`: before, the first was processed and the other
+/// four skipped as its duplicates, silently. An empty ID is no ID: all five are
+/// processed (not deduplicated by ID) and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_event_id_is_no_id() -> TestResult {
+    let s = setup("holes-empty-id", 1).await?;
+    let events: Vec<Amount> = (1..=5).map(|i| amount(Some(""), "k", i)).collect();
+    s.kafka.produce(&s.input, events.iter().map(keyed)).await?;
+    let stats = run_to_end(&s, s.config("a"), Sum::new(&s.output)).await?;
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    let sums: Vec<i64> = outputs.iter().map(|o| o.sum).collect();
+    assert_eq!(sums, [1, 3, 6, 10, 15]);
+    assert_eq!(stats.duplicates_skipped, 0);
+    assert_eq!(stats.without_event_id, 5);
+
+    // With IDs required, the same records are dead-lettered as missing their ID.
+    let s = setup("holes-empty-id-required", 1).await?;
+    s.kafka.produce(&s.input, events.iter().map(keyed)).await?;
+    let stats = run_to_end(
+        &s,
+        s.config("a").require_event_id(true),
+        Sum::new(&s.output),
+    )
+    .await?;
+    assert_eq!(stats.dead_lettered, 5);
+    let dead = dead_letters(&s).await?;
+    assert!(
+        dead.iter()
+            .all(|r| header(r, "onceflow-error-class") == "missing-event-id"),
+        "{dead:?}"
+    );
+    Ok(())
+}
+
+/// Item 10. Header event IDs that are not UTF-8 went through a lossy conversion, so
+/// `\xff` and `\xfe` both became U+FFFD and the second was skipped as a duplicate of the
+/// first. They are two IDs; a real re-send of one is still a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_event_ids_that_are_not_utf8_do_not_collide() -> TestResult {
+    let s = setup("holes-binary-id", 1).await?;
+    let first = amount(None, "k", 1);
+    let second = amount(None, "k", 2);
+    let records = [
+        keyed(&first).header("onceflow-event-id", vec![0xff]),
+        keyed(&second).header("onceflow-event-id", vec![0xfe]),
+        // The first again: a duplicate.
+        keyed(&first).header("onceflow-event-id", vec![0xff]),
+    ];
+    s.kafka.produce(&s.input, records).await?;
+    let stats = run_to_end(&s, s.config("a"), Sum::new(&s.output)).await?;
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    let sums: Vec<i64> = outputs.iter().map(|o| o.sum).collect();
+    assert_eq!(sums, [1, 3]);
+    assert_eq!(stats.duplicates_skipped, 1);
+    Ok(())
+}
+
+/// Item 13. An ID re-sent after the dedup window is a new event, even while its old
+/// entry still waits for lazy expiry (before, it was skipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_re_sent_after_the_dedup_window_is_processed() -> TestResult {
+    let s = setup("holes-window", 1).await?;
+    let config = || s.config("a").dedup(Duration::from_secs(2), None);
+    let event = amount(Some("e-1"), "k", 5);
+    s.kafka.produce(&s.input, [keyed(&event)]).await?;
+    run_to_end(&s, config(), Sum::new(&s.output)).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    s.kafka.produce(&s.input, [keyed(&event)]).await?;
+    let stats = run_to_end(&s, config(), Sum::new(&s.output)).await?;
+    let sums: Vec<i64> = sum::committed_outputs(s.kafka, &s.output)
+        .await?
+        .iter()
+        .map(|o| o.sum)
+        .collect();
+    assert_eq!(sums, [5, 10]);
+    assert_eq!(stats.duplicates_skipped, 0);
+    Ok(())
+}
+
+/// Item 3. A state value over `message.max.bytes` failed the changelog write of every
+/// transaction it was in: the partition stalled for ever, nothing dead-lettered. Now the
+/// record is dead-lettered with its reason and the others go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_value_over_the_size_limit_is_dead_lettered_not_retried_for_ever() -> TestResult {
+    let s = setup("holes-huge-state", 1).await?;
+    let orders: Vec<Order> = (0..5)
+        .map(|i| match i {
+            2 => order(i, Behaviour::HugeState(1_500_000)),
+            _ => order(i, Behaviour::Fine),
+        })
+        .collect();
+    produce_orders(&s, &orders).await?;
+    let stats = run_to_end(&s, s.config("a"), Picky::new(&s.output)).await?;
+    assert_eq!(output_ids(&s).await?, ["o-0", "o-1", "o-3", "o-4"]);
+    let dead = dead_letters(&s).await?;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(header(&dead[0], "onceflow-error-class"), "state-too-large");
+    assert_eq!(stats.dead_lettered, 1);
+    Ok(())
+}
+
+/// Items 7 and 9. The output topic's `max.message.bytes` is lowered under a running
+/// processor, then one order emits 5 kB. Before: exactly-once aborted the batch for ever
+/// (the two small orders beside it never came out either); at-least-once wrote the dedup
+/// entries with the failed outputs, so after the rewind all three were "duplicates" and
+/// lost. Now the record that fails is found and dead-lettered, the others come out.
+async fn a_record_the_broker_refuses_is_found_and_dead_lettered(
+    name: &str,
+    delivery: DeliveryMode,
+) -> TestResult {
+    let s = setup(name, 1).await?;
+    produce_orders(&s, &[order(0, Behaviour::Fine)]).await?;
+    let engine = Engine::new(s.config("a").delivery(delivery))?;
+    let shutdown = engine.shutdown_handle();
+    let running = tokio::spawn(engine.run(Picky::new(&s.output)));
+    sum::wait_for_caught_up(s.kafka, &s.group, &s.input, WITHIN).await?;
+
+    s.kafka
+        .alter_topic_config(&s.output, "max.message.bytes", "1000")
+        .await?;
+    // Let the broker apply it before the records arrive.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    produce_orders(
+        &s,
+        &[
+            order(1, Behaviour::Fine),
+            order(2, Behaviour::Huge(5_000)),
+            order(3, Behaviour::Fine),
+        ],
+    )
+    .await?;
+    let caught_up = sum::wait_for_caught_up(s.kafka, &s.group, &s.input, WITHIN).await;
+    shutdown.trigger();
+    let stats = running.await??;
+    caught_up?;
+
+    let mut ids = output_ids(&s).await?;
+    if delivery == DeliveryMode::AtLeastOnce {
+        // At least once: an attempt that failed may have left the others' outputs.
+        ids.dedup();
+        ids.sort();
+        ids.dedup();
+    }
+    assert_eq!(ids, ["o-0", "o-1", "o-3"], "outputs");
+    let dead = dead_letters(&s).await?;
+    let dead_ids: Vec<String> = dead
+        .iter()
+        .map(|r| serde_json::from_slice::<Order>(r.value.as_deref().unwrap_or_default()))
+        .map(|o| o.map(|o| o.id))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(dead_ids, ["o-2"]);
+    assert_eq!(header(&dead[0], "onceflow-error-class"), "rejected");
+    assert_eq!(
+        stats.duplicates_skipped, 0,
+        "nothing was taken for a duplicate"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_dead_letters_a_record_the_broker_refuses() -> TestResult {
+    a_record_the_broker_refuses_is_found_and_dead_lettered(
+        "holes-refused-eo",
+        DeliveryMode::ExactlyOnce,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_least_once_loses_nothing_when_an_output_is_refused() -> TestResult {
+    a_record_the_broker_refuses_is_found_and_dead_lettered(
+        "holes-refused-alo",
+        DeliveryMode::AtLeastOnce,
+    )
+    .await
+}
+
+/// Items 4 and 8. A handler taking 150 ms per record with a 5 s transaction timeout and
+/// 1 s commit interval: before, a batch outlived the timeout, the coordinator aborted it
+/// and the instance stopped as "fenced" by an instance that did not exist. Now a batch
+/// commits what it has done at half the timeout. (The coordinator looks for timed-out
+/// transactions every 10 s by default, so the batch must take well over 5 s + 10 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_batch_commits_within_the_transaction_timeout() -> TestResult {
+    let s = setup("holes-slow", 1).await?;
+    let orders: Vec<Order> = (0..150).map(|i| order(i, Behaviour::Slow(150))).collect();
+    produce_orders(&s, &orders).await?;
+    let mut config = s.config("a").batching(Duration::from_secs(1), 1_000);
+    config.transaction_timeout = Duration::from_secs(5);
+    let stats = run_to_end(&s, config, Picky::new(&s.output)).await?;
+    let want: Vec<String> = (0..150).map(|i| format!("o-{i}")).collect();
+    assert_eq!(output_ids(&s).await?, want);
+    assert_eq!(stats.aborts, 0);
+    Ok(())
+}
+
+/// Item 6. A property that breaks the engine's poll loop is refused at start, with why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_property_that_breaks_the_poll_loop_is_refused() -> TestResult {
+    let s = setup("holes-eof", 1).await?;
+    for (key, value) in [
+        ("enable.partition.eof", "true"),
+        ("enable.idempotence", "false"),
+        ("acks", "1"),
+    ] {
+        let refused = Engine::new(s.config("a").kafka(key, value));
+        match refused {
+            Err(Error::Config { key: refused, .. }) => assert_eq!(refused, key),
+            other => panic!("{key}={value}: expected a configuration error, got {other:?}"),
+        }
+    }
+    Ok(())
+}
