@@ -19,7 +19,7 @@ async fn setup(name: &str, partitions: i32) -> Result<Operator, Box<dyn std::err
         .with_test_writer()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
-    Ok(Operator::new(name, partitions).await?)
+    Operator::new(name, partitions).await
 }
 
 /// Runs `processor` until the group has committed the whole input, then stops it.

@@ -22,7 +22,7 @@ async fn setup(name: &str) -> Result<Operator, Box<dyn std::error::Error>> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
     // One partition: the foreign transaction sits on the only changelog partition.
-    Ok(Operator::new(name, 1).await?)
+    Operator::new(name, 1).await
 }
 
 /// Runs an engine until `outputs` outputs are visible and the input is committed, then

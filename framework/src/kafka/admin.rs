@@ -257,10 +257,11 @@ pub(crate) async fn alter_topic_config(
     for result in described {
         let resource = result.map_err(|code| kafka_error(&operation, KafkaError::AdminOp(code)))?;
         for entry in resource.entries {
-            if entry.source == rdkafka::admin::ConfigSource::DynamicTopic && entry.name != name {
-                if let Some(value) = entry.value {
-                    kept.push((entry.name, value));
-                }
+            if entry.source == rdkafka::admin::ConfigSource::DynamicTopic
+                && entry.name != name
+                && let Some(value) = entry.value
+            {
+                kept.push((entry.name, value));
             }
         }
     }
