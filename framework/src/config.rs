@@ -407,6 +407,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn properties_that_break_the_poll_loop_are_refused() {
+        let base = EngineConfig::new("k:9092", "billing", "a", "orders", "/tmp/s");
+        for (key, value) in [
+            ("enable.partition.eof", "true"),
+            ("enable.idempotence", "false"),
+            ("acks", "1"),
+            ("group.instance.id", "x"),
+        ] {
+            let problems = base.clone().kafka(key, value).problems();
+            assert!(
+                problems
+                    .iter()
+                    .any(|p| matches!(p, Error::Config { key: k, .. } if k == key)),
+                "{key}={value}: {problems:?}"
+            );
+        }
+        assert!(
+            base.clone()
+                .kafka("enable.partition.eof", "false")
+                .problems()
+                .is_empty()
+        );
+        assert!(base.kafka("acks", "all").problems().is_empty());
+    }
+
+    #[test]
     fn defaults_match_the_documentation() {
         let config = EngineConfig::new("k:9092", "billing", "a", "orders", "/tmp/s");
         assert_eq!(config.commit_interval, Duration::from_millis(100));

@@ -870,3 +870,25 @@ fn now_ms() -> i64 {
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_event_ids_are_lossless_and_never_collide() {
+        assert_eq!(header_event_id(b"order-17"), "order-17");
+        let ids = [
+            header_event_id(&[0xff]),
+            header_event_id(&[0xfe]),
+            header_event_id(&[0xff, 0xfe]),
+            // Text that looks like the encoded form gets encoded itself.
+            header_event_id("\0xff".as_bytes()),
+            header_event_id(b"\0"),
+            header_event_id(b"xff"),
+        ];
+        let distinct: BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len(), "{ids:?}");
+        assert_eq!(ids[0], "\0xff");
+    }
+}

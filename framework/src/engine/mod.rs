@@ -1,5 +1,21 @@
 //! The engine: consume, transform and produce, one Kafka transaction per batch.
 //!
+//! The guarantee (DESIGN.md §1), for every input record R of an operator:
+//! 1. **Effects once.** R's outputs, state changes and dead letter become visible to
+//!    `read_committed` readers exactly once, atomically with the commit of R's offset;
+//!    aborted work is never visible.
+//! 2. **Duplicates once.** If R carries a (non-empty) event ID this operator processed on
+//!    the same input partition within `dedup_window`, R is skipped: no outputs, no state
+//!    change; its offset commits and `duplicates_skipped` counts it.
+//! 3. **Nothing lost.** R is processed, skipped as a duplicate, or handled per `on_error`
+//!    with its reason (a record the broker refuses for good is found and dead-lettered);
+//!    no record is silently dropped and no partition stalls for ever on one record.
+//! 4. **Zombies can't commit.** An instance replaced under the same instance ID is fenced
+//!    and stops; one that lost its partitions cannot commit their offsets (KIP-447).
+//!
+//! Not covered: effects outside Kafka, duplicates across partitions or older than the
+//! window, records without an event ID (processed, counted, not deduplicated by ID).
+//!
 //! ```text
 //!  poll (read_committed) ─► decode ─► dedup check ─► Processor::process ─► outputs, state
 //!     ▲   no transaction open                                                  │
@@ -618,6 +634,14 @@ mod tests {
             after: std::time::Duration::ZERO,
             detail: String::new(),
         }
+    }
+
+    #[test]
+    fn failed_batches_back_off_up_to_five_seconds() {
+        use std::time::Duration;
+        assert_eq!(abort_backoff(1), Duration::from_millis(100));
+        assert_eq!(abort_backoff(2), Duration::from_millis(200));
+        assert_eq!(abort_backoff(30), Duration::from_secs(5));
     }
 
     #[tokio::test(start_paused = true)]

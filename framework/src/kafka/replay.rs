@@ -79,7 +79,10 @@ pub(crate) enum ReadEnd {
 /// `None`), handing records to `apply` in chunks of at most `chunk` records together with
 /// the partition's high watermark (for progress), until `until` says it has enough or the
 /// partition has nothing more to give. Blocking: call it inside [`super::blocking`].
-#[allow(clippy::too_many_arguments, reason = "one call site, each argument named there")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, each argument named there"
+)]
 pub(crate) fn read_partition(
     options: &ClientOptions,
     topic: &str,

@@ -394,3 +394,65 @@ fn the_log_can_be_shared_between_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<TxLog>();
 }
+
+#[test]
+fn a_committed_batch_moves_the_checkpoint_only_over_records_that_follow_it() {
+    let (_dir, log) = open_temp();
+    let landed = |first, next| Some(Landed { first, next });
+    let progress = |input_offset| Change::Progress { input_offset };
+    // Replay left the checkpoint at 10, with no commit marker to expect.
+    log.apply(&[(0, vec![], Some(10))]).unwrap();
+    log.apply_committed(&[(0, vec![progress(5)], landed(10, 13))], true)
+        .unwrap();
+    assert_eq!(log.checkpoint(0).unwrap(), Some(13));
+    // After a committed transaction, one offset (its commit marker) may lie between.
+    log.apply_committed(&[(0, vec![progress(7)], landed(14, 16))], true)
+        .unwrap();
+    assert_eq!(log.checkpoint(0).unwrap(), Some(16));
+    // Records nobody read lie before this batch's: the changes apply, the checkpoint stays.
+    log.apply_committed(
+        &[(0, vec![set("k", "v"), progress(9)], landed(20, 22))],
+        true,
+    )
+    .unwrap();
+    assert_eq!(log.checkpoint(0).unwrap(), Some(16));
+    assert_eq!(log.state(0, b"k").unwrap(), Some(b"v".to_vec()));
+    assert_eq!(log.progress(0).unwrap(), Some(9));
+    // Replay sets it past the markers it read: no marker to expect any more, so a
+    // one-offset gap is a record nobody read.
+    log.apply(&[(0, vec![], Some(25))]).unwrap();
+    log.apply_committed(&[(0, vec![progress(11)], landed(26, 27))], true)
+        .unwrap();
+    assert_eq!(log.checkpoint(0).unwrap(), Some(25));
+    // Without transactions there are no markers: only a batch right at the checkpoint moves it.
+    log.apply_committed(&[(0, vec![progress(12)], landed(25, 27))], false)
+        .unwrap();
+    assert_eq!(log.checkpoint(0).unwrap(), Some(27));
+    log.apply_committed(&[(0, vec![progress(13)], landed(28, 29))], false)
+        .unwrap();
+    assert_eq!(log.checkpoint(0).unwrap(), Some(27));
+    // A partition never replayed has no checkpoint to move.
+    log.apply_committed(&[(1, vec![progress(1)], landed(0, 1))], true)
+        .unwrap();
+    assert_eq!(log.checkpoint(1).unwrap(), None);
+
+    log.clear_partition(0).unwrap();
+    assert_eq!(log.progress(0).unwrap(), None);
+    assert_eq!(log.checkpoint(0).unwrap(), None);
+}
+
+#[test]
+fn a_lookup_honours_the_dedup_window() {
+    let (_dir, log) = open_temp();
+    log.apply(&[(
+        0,
+        vec![processed("old", 1, 1_000), processed("new", 2, 5_000)],
+        None,
+    )])
+    .unwrap();
+    let snapshot = log.snapshot().unwrap();
+    assert!(!snapshot.is_processed(0, "old", 2_000).unwrap());
+    assert!(snapshot.is_processed(0, "new", 2_000).unwrap());
+    assert!(snapshot.is_processed(0, "old", 1_000).unwrap());
+    assert!(!snapshot.is_processed(0, "absent", i64::MIN).unwrap());
+}
