@@ -301,3 +301,64 @@ async fn a_property_that_breaks_the_poll_loop_is_refused() -> TestResult {
     }
     Ok(())
 }
+
+/// Item 14. `dlq replay` re-published through librdkafka's partitioner, so a record an
+/// upstream wrote to an explicit partition came back elsewhere, away from its dedup log
+/// and state. It goes back to the partition it came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_re_publishes_to_the_source_partition() -> TestResult {
+    let s = setup("holes-dlq-partition", 3).await?;
+    // Same key, three partitions: at most one of them is where the key hashes.
+    let records = (0..3).map(|p| {
+        let refused = order(p as usize, Behaviour::Permanent);
+        OutgoingRecord::keyed("k", serde_json::to_vec(&refused).expect("json")).to_partition(p)
+    });
+    s.kafka.produce(&s.input, records).await?;
+    let stats = run_to_end(&s, s.config("a"), Picky::new(&s.output)).await?;
+    assert_eq!(stats.dead_lettered, 3);
+
+    let replay = onceflow::DeadLetterReplay::new(&s.config("a"))
+        .run()
+        .await?;
+    assert_eq!(replay.replayed, 3);
+    let input = s
+        .kafka
+        .read_to_end(&s.input, Isolation::ReadCommitted)
+        .await?;
+    let mut moved = Vec::new();
+    for record in input
+        .iter()
+        .filter(|r| r.header("onceflow-replayed-from").is_some())
+    {
+        let order: Order = serde_json::from_slice(record.value.as_deref().unwrap_or_default())?;
+        let source = format!("o-{}", record.partition);
+        if order.id != source {
+            moved.push((order.id, record.partition));
+        }
+    }
+    assert!(
+        moved.is_empty(),
+        "re-published to another partition: {moved:?}"
+    );
+    Ok(())
+}
+
+/// Item 11. A changelog that is not compacted would delete dedup entries and state still
+/// in use: refused at start, with the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_that_is_not_compacted_is_refused() -> TestResult {
+    let s = setup("holes-not-compacted", 1).await?;
+    let changelog = format!("{}-txlog", s.group);
+    s.kafka
+        .create_topic_with(&changelog, 1, &[("cleanup.policy", "delete")])
+        .await?;
+    let engine = Engine::new(s.config("a"))?;
+    match engine.run(Sum::new(&s.output)).await {
+        Err(Error::Config { key, accepted, .. }) => {
+            assert_eq!(key, "changelog_topic");
+            assert!(accepted.contains("cleanup.policy=compact"), "{accepted}");
+        }
+        other => panic!("expected the changelog to be refused, got {other:?}"),
+    }
+    Ok(())
+}

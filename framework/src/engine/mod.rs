@@ -222,9 +222,11 @@ impl Engine {
         );
 
         let mut owned = BTreeSet::new();
-        // Batches that failed in a row: after ISOLATE_AFTER, records go one per
+        // Batches that failed in a row, and whether the last one failed on a record the
+        // broker refused: after ISOLATE_AFTER such failures, records go one per
         // transaction until the one that fails is found.
         let mut failures = 0u32;
+        let mut refused = false;
         let outcome = loop {
             if self.shutdown.is_triggered() {
                 break Ok(());
@@ -290,7 +292,7 @@ impl Engine {
             };
             let span = tracing::info_span!("batch", records = polled.records.len());
             let one_by_one =
-                failures >= ISOLATE_AFTER && config.delivery != DeliveryMode::AtMostOnce;
+                refused && failures >= ISOLATE_AFTER && config.delivery != DeliveryMode::AtMostOnce;
             let failed = if one_by_one {
                 isolate(
                     &parts,
@@ -318,7 +320,9 @@ impl Engine {
                 }
                 Some(Failed::Stop(error)) => break Err(error),
                 Some(Failed::Isolated) => {
-                    // The culprit is dead-lettered; the records after it come again.
+                    // The culprit is dead-lettered; the records after it come again, in
+                    // a batch as usual.
+                    failures = 0;
                     continue;
                 }
                 Some(Failed::Batch(error)) => error,
@@ -331,6 +335,7 @@ impl Engine {
                 break Err(error);
             }
             failures += 1;
+            refused = error.is_rejection() || matches!(error, Error::TransactionTimedOut { .. });
             let delay = abort_backoff(failures);
             metrics::gauge!("onceflow_consecutive_aborts").set(f64::from(failures));
             // Rate-limited: a batch that fails every time must not flood the logs.
@@ -339,7 +344,7 @@ impl Engine {
                     %error,
                     consecutive = failures,
                     ?delay,
-                    one_by_one = failures >= ISOLATE_AFTER,
+                    one_by_one = refused && failures >= ISOLATE_AFTER,
                     "batch aborted and rewound; going on"
                 );
             }
