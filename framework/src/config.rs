@@ -112,7 +112,8 @@ pub struct EngineConfig {
     /// Replication factor of the changelog and dead-letter topics onceflow creates
     /// (default: the broker's `default.replication.factor`).
     pub changelog_replication_factor: Option<i32>,
-    /// Bound on one Kafka transaction, and so on a hung commit (default 60 s).
+    /// Bound on one Kafka transaction, and so on a hung commit and on how long a dead
+    /// instance's open transaction stalls `read_committed` readers (default 10 s).
     pub transaction_timeout: Duration,
     /// Any other librdkafka property, passed to every client unchanged.
     pub kafka_properties: Vec<(String, String)>,
@@ -185,7 +186,11 @@ impl EngineConfig {
             event_id_header: "onceflow-event-id".into(),
             require_event_id: false,
             changelog_replication_factor: None,
-            transaction_timeout: Duration::from_secs(60),
+            // Kafka Streams' default under exactly-once: an instance that dies mid-batch
+            // holds its open transaction, and every read_committed reader of its outputs,
+            // this long. Batches commit at half of it, so only one record slower than this
+            // is cut short (dead-lettered as `transaction-timeout`).
+            transaction_timeout: Duration::from_secs(10),
             kafka_properties: Vec::new(),
             on_error: ErrorPolicy::DeadLetter,
             dead_letter_topic: None,

@@ -289,6 +289,50 @@ async fn at_least_once_duplicates_only_events_without_an_id_after_a_crash() -> T
     Ok(())
 }
 
+/// An instance that dies mid-batch and never comes back holds its open transaction, and
+/// with it every `read_committed` reader of its outputs, until the coordinator aborts it:
+/// `transaction_timeout` plus up to one sweep of the coordinator (every 10 s). With the old
+/// default of 60 s a reader waited over a minute; the default is now 10 s. A successor
+/// with another instance ID (its start aborts nothing of the dead one's) takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instance_stalls_readers_of_its_outputs_only_for_the_transaction_timeout()
+-> TestResult {
+    let kafka = testkit::kafka().await;
+    let state = tempfile::tempdir()?;
+    let base = instance(kafka, "stall", 1, &state).await?;
+    let inputs = sum::amounts(0, 2_000, 10);
+    sum::produce(kafka, &base.input, &inputs).await?;
+    // The second batch's outputs and offsets are in its transaction when it dies.
+    let mut dying = base
+        .with_env("FAILPOINTS", "onceflow-before-commit=1*off->return")
+        .spawn();
+    assert!(!dying.wait(Duration::from_secs(60)).success());
+    let died = Instant::now();
+
+    let mut successor = base.clone();
+    successor.instance = "b".into();
+    let running = successor.spawn();
+    sum::wait_for_outputs(kafka, &base.output, inputs.len(), WITHIN).await?;
+    let stall = died.elapsed();
+    let caught_up = sum::wait_for_caught_up(kafka, &base.group, &base.input, WITHIN).await;
+    running.stop(WITHIN);
+    caught_up?;
+    let outputs = sum::committed_outputs(kafka, &base.output).await?;
+    sum::assert_exactly_once(&inputs, &outputs);
+
+    // The default's promise: 10 s, the coordinator's 10 s sweep, and slack for the
+    // successor's join and replay. (With the old 60 s default: over a minute.)
+    let timeout = onceflow::EngineConfig::new("k:9092", "g", "a", "in", "/tmp").transaction_timeout;
+    eprintln!(
+        "every output visible {stall:?} after the instance died (transaction_timeout {timeout:?})"
+    );
+    assert!(
+        stall < Duration::from_secs(35),
+        "readers stalled {stall:?} with transaction_timeout {timeout:?}"
+    );
+    Ok(())
+}
+
 /// 9. At-most-once: a crash while a batch is processed loses (part of) that batch, and
 ///    only that batch; nothing is ever output twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -222,9 +222,11 @@ impl Engine {
         );
 
         let mut owned = BTreeSet::new();
-        // Batches that failed in a row, and whether the last one failed on a record the
-        // broker refused: after ISOLATE_AFTER such failures, records go one per
-        // transaction until the one that fails is found.
+        // Batches that failed in a row, and whether one of them failed on a record the
+        // broker refused: then, after ISOLATE_AFTER failures, records go one per
+        // transaction until the one that fails is found. (Sticky: after a refusal the
+        // next transaction may fail on the idempotence sequence instead, which librdkafka
+        // repairs with an epoch bump; that does not mean the culprit is gone.)
         let mut failures = 0u32;
         let mut refused = false;
         let outcome = loop {
@@ -316,6 +318,7 @@ impl Engine {
             let error = match failed {
                 None => {
                     failures = 0;
+                    refused = false;
                     continue;
                 }
                 Some(Failed::Stop(error)) => break Err(error),
@@ -323,6 +326,7 @@ impl Engine {
                     // The culprit is dead-lettered; the records after it come again, in
                     // a batch as usual.
                     failures = 0;
+                    refused = false;
                     continue;
                 }
                 Some(Failed::Batch(error)) => error,
@@ -335,7 +339,7 @@ impl Engine {
                 break Err(error);
             }
             failures += 1;
-            refused = error.is_rejection() || matches!(error, Error::TransactionTimedOut { .. });
+            refused |= error.is_rejection() || matches!(error, Error::TransactionTimedOut { .. });
             let delay = abort_backoff(failures);
             metrics::gauge!("onceflow_consecutive_aborts").set(f64::from(failures));
             // Rate-limited: a batch that fails every time must not flood the logs.

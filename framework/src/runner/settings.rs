@@ -129,9 +129,9 @@ const SETTINGS: &[Setting] = &[
     ),
     setting(
         "transaction_timeout",
-        Some("60s"),
+        Some("10s"),
         "DURATION",
-        "Bound on one Kafka transaction",
+        "Bound on one Kafka transaction, and on how long a dead instance stalls readers",
     ),
     setting(
         "on_error",
