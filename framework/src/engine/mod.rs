@@ -221,6 +221,22 @@ impl Engine {
             "engine started"
         );
 
+        let resync = Resync {
+            options,
+            config: &config,
+            changelog: &changelog,
+            txlog: &txlog,
+            stats: &self.stats,
+        };
+        let parts = Parts {
+            config: &config,
+            consumer: &consumer,
+            txlog: &txlog,
+            stats: &self.stats,
+            declared: &declared,
+            changelog: &changelog,
+            output_limits: &output_limits,
+        };
         let mut owned = BTreeSet::new();
         // Batches that failed in a row, and whether one of them failed on a record the
         // broker refused: then, after ISOLATE_AFTER failures, records go one per
@@ -254,13 +270,6 @@ impl Engine {
                     }
                     Rebalanced::Assigned(partitions) => {
                         self.stats.set_phase(Phase::Replaying);
-                        let resync = Resync {
-                            options,
-                            config: &config,
-                            changelog: &changelog,
-                            txlog: &txlog,
-                            stats: &self.stats,
-                        };
                         if let Err(error) = resync.catch_up(&consumer, &partitions).await {
                             replay_failed = Some(error);
                             break;
@@ -276,22 +285,6 @@ impl Engine {
             if polled.records.is_empty() {
                 continue;
             }
-            let resync = Resync {
-                options,
-                config: &config,
-                changelog: &changelog,
-                txlog: &txlog,
-                stats: &self.stats,
-            };
-            let parts = Parts {
-                config: &config,
-                consumer: &consumer,
-                txlog: &txlog,
-                stats: &self.stats,
-                declared: &declared,
-                changelog: &changelog,
-                output_limits: &output_limits,
-            };
             let span = tracing::info_span!("batch", records = polled.records.len());
             let one_by_one =
                 refused && failures >= ISOLATE_AFTER && config.delivery != DeliveryMode::AtMostOnce;

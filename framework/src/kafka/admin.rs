@@ -140,36 +140,34 @@ pub(crate) async fn probe(options: &ClientOptions, topic: &str, timeout: Duratio
 }
 
 /// The number of partitions of `topic`, or `None` when it does not exist.
+pub(crate) async fn partition_count(
+    options: &ClientOptions,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<i32>> {
+    Ok(shape(options, topic, timeout)
+        .await?
+        .map(|(partitions, _)| partitions))
+}
+
 /// How many replicas the first partition of `topic` has (`None`: no such topic).
 pub(crate) async fn replica_count(
     options: &ClientOptions,
     topic: &str,
     timeout: Duration,
 ) -> Result<Option<usize>> {
-    let consumer: BaseConsumer = options
-        .config(&[])
-        .create()
-        .map_err(|e| kafka_error("create metadata client", e))?;
-    let topic = topic.to_owned();
-    blocking("fetch topic metadata", move || {
-        let metadata = consumer
-            .fetch_metadata(Some(&topic), timeout)
-            .map_err(|e| kafka_error(format!("fetch metadata of `{topic}`"), e))?;
-        Ok(metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic && t.error().is_none())
-            .and_then(|t| t.partitions().first())
-            .map(|p| p.replicas().len()))
-    })
-    .await
+    Ok(shape(options, topic, timeout)
+        .await?
+        .map(|(_, replicas)| replicas))
 }
 
-pub(crate) async fn partition_count(
+/// `topic`'s partition count and its first partition's replica count, or `None` when it
+/// does not exist.
+async fn shape(
     options: &ClientOptions,
     topic: &str,
     timeout: Duration,
-) -> Result<Option<i32>> {
+) -> Result<Option<(i32, usize)>> {
     let consumer: BaseConsumer = options
         .config(&[])
         .create()
@@ -195,7 +193,10 @@ pub(crate) async fn partition_count(
             .topics()
             .iter()
             .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
-            .map(|t| t.partitions().len() as i32))
+            .map(|t| {
+                let replicas = t.partitions().first().map_or(0, |p| p.replicas().len());
+                (t.partitions().len() as i32, replicas)
+            }))
     })
     .await
 }
