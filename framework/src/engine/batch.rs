@@ -11,9 +11,10 @@ use futures_util::FutureExt;
 
 use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
 use crate::engine::crash_point;
+use crate::engine::seams::{Landing, Outgoing, Sink, Source};
 use crate::engine::stats::Stats;
 use crate::event::{Codec, Event, Json};
-use crate::kafka::{self, InputConsumer, OutputProducer, Pending};
+use crate::kafka;
 use crate::processor::{Context, Output, Processor, RecordMeta};
 use crate::txlog::{Change, Landed, Overlay, Snapshot, TxLog};
 use crate::{Error, Result};
@@ -36,10 +37,10 @@ pub(crate) const DLQ_VALUE_OMITTED: &str = "onceflow-value-omitted";
 /// without making any one batch large.
 const EXPIRE_PER_BATCH: usize = 1_000;
 
-pub(super) struct Batch<'a> {
+pub(super) struct Batch<'a, S, K> {
     pub(super) config: &'a EngineConfig,
-    pub(super) consumer: &'a InputConsumer,
-    pub(super) producer: &'a OutputProducer,
+    pub(super) consumer: &'a S,
+    pub(super) producer: &'a K,
     pub(super) txlog: &'a Arc<TxLog>,
     pub(super) stats: &'a Arc<Stats>,
     pub(super) declared: &'a BTreeSet<String>,
@@ -48,7 +49,7 @@ pub(super) struct Batch<'a> {
     pub(super) output_limits: &'a BTreeMap<String, usize>,
 }
 
-impl Batch<'_> {
+impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     /// Processes `records` and commits the result. On error nothing of the uncommitted
     /// part is committed (exactly-once) and the caller aborts and rewinds.
     ///
@@ -175,7 +176,7 @@ impl Batch<'_> {
         &self,
         processor: &mut P,
         record: &kafka::Record,
-        part: &mut Part<'_>,
+        part: &mut Part<'_, K::Pending>,
         retry: &mut Retry,
     ) -> Result<Step> {
         let now_ms = part.now_ms;
@@ -330,12 +331,13 @@ impl Batch<'_> {
         for output in outputs {
             part.outputs.push(
                 self.producer
-                    .send(
-                        &output.topic,
-                        None,
-                        output.key.as_deref(),
-                        Some(&output.value),
-                    )
+                    .send(Outgoing {
+                        topic: &output.topic,
+                        partition: None,
+                        key: output.key.as_deref(),
+                        value: Some(&output.value),
+                        headers: &[],
+                    })
                     .await?,
             );
         }
@@ -349,7 +351,11 @@ impl Batch<'_> {
 
     /// Commits `records`, handled into `part`: outputs, changelog and offsets together (or
     /// per the delivery mode), then applies the part to the transaction log.
-    async fn commit(&self, records: &[kafka::Record], mut part: Part<'_>) -> Result<()> {
+    async fn commit(
+        &self,
+        records: &[kafka::Record],
+        mut part: Part<'_, K::Pending>,
+    ) -> Result<()> {
         // Nothing reads through the snapshot any more; let redb reuse what it pins.
         drop(part.snapshot);
         let config = self.config;
@@ -387,18 +393,19 @@ impl Batch<'_> {
                 pending.landed().await?;
             }
         }
-        let mut pending_changelog: Vec<(i32, Pending)> = Vec::new();
+        let mut pending_changelog: Vec<(i32, K::Pending)> = Vec::new();
         for (partition, list) in &changes {
             for change in list {
                 let (key, value) = change.encode();
                 let pending = self
                     .producer
-                    .send(
-                        self.changelog,
-                        Some(*partition),
-                        Some(&key),
-                        value.as_deref(),
-                    )
+                    .send(Outgoing {
+                        topic: self.changelog,
+                        partition: Some(*partition),
+                        key: Some(&key),
+                        value: value.as_deref(),
+                        headers: &[],
+                    })
                     .await?;
                 pending_changelog.push((*partition, pending));
             }
@@ -418,7 +425,7 @@ impl Batch<'_> {
         // Where the changelog records landed, once acknowledged (with the transaction's
         // commit at the latest).
         let mut landed: BTreeMap<i32, Landed> = BTreeMap::new();
-        let mut await_changelog = async |pending_changelog: Vec<(i32, Pending)>| -> Result<()> {
+        let mut await_changelog = async |pending_changelog: Vec<(i32, K::Pending)>| -> Result<()> {
             for (partition, pending) in pending_changelog {
                 let (_, offset) = pending.landed().await?;
                 let span = landed.entry(partition).or_insert(Landed {
@@ -525,7 +532,7 @@ impl Batch<'_> {
         input: P::Input,
         record: &kafka::Record,
         meta: &RecordMeta,
-        part: &Part<'_>,
+        part: &Part<'_, K::Pending>,
         retry: &mut Retry,
     ) -> Processed {
         let config = self.config;
@@ -599,7 +606,7 @@ impl Batch<'_> {
         class: &'static str,
         error: Error,
         attempts: u32,
-        failed: &mut Failures,
+        failed: &mut Failures<K::Pending>,
         now_ms: i64,
     ) -> Result<()> {
         let config = self.config;
@@ -670,7 +677,13 @@ impl Batch<'_> {
                 }
                 let pending = self
                     .producer
-                    .send_with_headers(&topic, None, record.key.as_deref(), value, &headers)
+                    .send(Outgoing {
+                        topic: &topic,
+                        partition: None,
+                        key: record.key.as_deref(),
+                        value,
+                        headers: &headers,
+                    })
                     .await?;
                 failed.pending.push(pending);
                 failed.dead_lettered += 1;
@@ -724,22 +737,22 @@ enum Step {
 }
 
 /// The records of a batch handled since its last commit, and what they produced.
-struct Part<'a> {
+struct Part<'a, P> {
     /// The committed log as of the part's start: redb changes only when a part is applied.
     snapshot: Snapshot<'a>,
     overlay: Overlay,
-    outputs: Vec<Pending>,
+    outputs: Vec<P>,
     duplicates: u64,
     /// Records processed without an event ID.
     without_id: u64,
-    failed: Failures,
+    failed: Failures<P>,
     /// When the part started: the time of its dedup entries and expiries.
     now_ms: i64,
     /// Dedup entries processed before this are outside the window: not duplicates.
     window_start_ms: i64,
 }
 
-impl<'a> Part<'a> {
+impl<'a, P> Part<'a, P> {
     fn new(txlog: &'a TxLog, dedup_window: Duration) -> Result<Self> {
         let now_ms = now_ms();
         let window_ms = i64::try_from(dedup_window.as_millis()).unwrap_or(i64::MAX);
@@ -749,7 +762,11 @@ impl<'a> Part<'a> {
             outputs: Vec::new(),
             duplicates: 0,
             without_id: 0,
-            failed: Failures::default(),
+            failed: Failures {
+                pending: Vec::new(),
+                dead_lettered: 0,
+                skipped: 0,
+            },
             now_ms,
             window_start_ms: now_ms.saturating_sub(window_ms),
         })
@@ -790,9 +807,8 @@ impl Retry {
 }
 
 /// Records of this batch that could not be processed.
-#[derive(Default)]
-struct Failures {
-    pending: Vec<Pending>,
+struct Failures<P> {
+    pending: Vec<P>,
     dead_lettered: u64,
     skipped: u64,
 }

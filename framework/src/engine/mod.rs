@@ -49,7 +49,12 @@
 //! - A fenced producer stops the instance; nothing it did after the fence is visible.
 
 mod batch;
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod matrix;
 mod recovery;
+mod seams;
 mod stats;
 
 use std::collections::BTreeSet;
@@ -380,7 +385,10 @@ struct Parts<'a> {
 }
 
 impl<'a> Parts<'a> {
-    fn batch(&self, producer: &'a OutputProducer) -> batch::Batch<'a> {
+    fn batch(
+        &self,
+        producer: &'a OutputProducer,
+    ) -> batch::Batch<'a, InputConsumer, OutputProducer> {
         batch::Batch {
             config: self.config,
             consumer: self.consumer,

@@ -125,19 +125,8 @@ impl OutputProducer {
             .map_err(|e| self.classify("begin_transaction", e))
     }
 
-    /// Queues a record; waits while librdkafka's queue is full.
-    pub(crate) async fn send(
-        &self,
-        topic: &str,
-        partition: Option<i32>,
-        key: Option<&[u8]>,
-        value: Option<&[u8]>,
-    ) -> Result<Pending> {
-        self.send_with_headers(topic, partition, key, value, &[])
-            .await
-    }
-
-    /// Like [`OutputProducer::send`], with headers (a header may have no value).
+    /// Queues a record with headers (a header may have no value); waits while
+    /// librdkafka's queue is full.
     pub(crate) async fn send_with_headers(
         &self,
         topic: &str,

@@ -1,0 +1,480 @@
+//! The batch's decisions, through the fake Kafka (`fake.rs`): the call order of each
+//! delivery mode, an error of each class at each call of a transaction, dedup, dead
+//! letters, size limits, the retry split and the transaction-duration bound. Milliseconds
+//! each; what needs a broker is in `tests/`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{DeliveryMode, EngineConfig};
+use crate::engine::batch::Batch;
+use crate::engine::fake::{Call, FakeKafka, Kind};
+use crate::engine::stats::Stats;
+use crate::kafka::Record;
+use crate::txlog::TxLog;
+use crate::{Context, Error, ErrorClass, Event, Processor, Result};
+
+const OUT: &str = "out";
+const CHANGELOG: &str = "g-txlog";
+const DLQ: &str = "g-dlq";
+
+#[derive(Debug, serde::Deserialize, serde::Serialize, Default)]
+struct In {
+    id: Option<String>,
+    key: String,
+    amount: i64,
+    /// Fails transiently this many times first.
+    #[serde(default)]
+    transient: u32,
+    /// Stores a state value this large.
+    #[serde(default)]
+    big_state: usize,
+    /// Takes this long.
+    #[serde(default)]
+    slow_ms: u64,
+}
+
+impl Event for In {
+    fn event_id(&self) -> Option<String> {
+        self.id.clone()
+    }
+}
+
+/// Emits each key's running sum.
+#[derive(Default)]
+struct Summer {
+    attempts: HashMap<i64, u32>,
+}
+
+#[async_trait::async_trait]
+impl Processor for Summer {
+    type Input = In;
+
+    fn name(&self) -> &str {
+        "summer"
+    }
+
+    async fn process(&mut self, input: In, ctx: &mut Context<'_>) -> Result<()> {
+        let attempt = self.attempts.entry(ctx.offset()).or_default();
+        *attempt += 1;
+        if *attempt <= input.transient {
+            return Err(Error::transient("not yet"));
+        }
+        if input.slow_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(input.slow_ms)).await;
+        }
+        if input.big_state > 0 {
+            ctx.state().put("blob", &"x".repeat(input.big_state))?;
+        }
+        let sum = ctx.state().get::<i64>(&input.key)?.unwrap_or(0) + input.amount;
+        ctx.state().put(&input.key, &sum)?;
+        ctx.emit(OUT, &input.key, &sum)
+    }
+}
+
+/// One batch's surroundings: the fake, a real transaction log in a temporary directory.
+struct Rig {
+    kafka: FakeKafka,
+    txlog: Arc<TxLog>,
+    stats: Arc<Stats>,
+    config: EngineConfig,
+    declared: BTreeSet<String>,
+    limits: BTreeMap<String, usize>,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn new(delivery: DeliveryMode) -> Rig {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (txlog, _) = TxLog::open(&dir.path().join("log")).expect("log");
+        let mut config = EngineConfig::new("fake:9092", "g", "a", "in", dir.path())
+            .output(OUT)
+            .delivery(delivery);
+        config.max_retry_time = Duration::from_secs(2);
+        Rig {
+            kafka: FakeKafka::default(),
+            txlog: Arc::new(txlog),
+            stats: Arc::default(),
+            config,
+            declared: [OUT.to_owned()].into(),
+            limits: [
+                (OUT.to_owned(), 1_000_000),
+                (CHANGELOG.to_owned(), 1_000_000),
+                (DLQ.to_owned(), 1_000_000),
+            ]
+            .into(),
+            _dir: dir,
+        }
+    }
+
+    fn batch(&self) -> Batch<'_, FakeKafka, FakeKafka> {
+        Batch {
+            config: &self.config,
+            consumer: &self.kafka,
+            producer: &self.kafka,
+            txlog: &self.txlog,
+            stats: &self.stats,
+            declared: &self.declared,
+            changelog: CHANGELOG,
+            output_limits: &self.limits,
+        }
+    }
+
+    async fn run(&self, records: Vec<Record>) -> Result<()> {
+        self.batch().run(&mut Summer::default(), records).await
+    }
+
+    /// The sums a `read_committed` reader of the output sees.
+    fn sums(&self) -> Vec<i64> {
+        self.kafka
+            .committed(OUT)
+            .iter()
+            .map(|r| serde_json::from_slice(r.value.as_deref().unwrap_or_default()).expect("sum"))
+            .collect()
+    }
+
+    fn state(&self, key: &str) -> Option<i64> {
+        self.txlog
+            .state(0, key.as_bytes())
+            .expect("state")
+            .map(|v| serde_json::from_slice(&v).expect("json"))
+    }
+}
+
+fn record(offset: i64, input: In) -> Record {
+    Record {
+        topic: "in".into(),
+        partition: 0,
+        offset,
+        key: Some(input.key.clone().into_bytes()),
+        value: Some(serde_json::to_vec(&input).expect("json")),
+        headers: Vec::new(),
+        timestamp_ms: None,
+    }
+}
+
+fn amount(offset: i64, id: &str, amount: i64) -> Record {
+    record(
+        offset,
+        In {
+            id: Some(id.into()),
+            key: "k".into(),
+            amount,
+            ..In::default()
+        },
+    )
+}
+
+/// The calls, with sends to a topic shown by its name.
+fn shape(calls: &[Call]) -> Vec<String> {
+    calls
+        .iter()
+        .map(|c| match c {
+            Call::Send { topic, .. } => format!("send {topic}"),
+            Call::SendOffsets(o) => format!("offsets {o:?}"),
+            Call::ConsumerCommit(o) => format!("consumer commit {o:?}"),
+            other => format!("{other:?}").to_lowercase(),
+        })
+        .collect()
+}
+
+fn kafka_error(class: ErrorClass) -> impl Fn() -> Error + Send + 'static {
+    move || Error::Kafka {
+        operation: "fake".into(),
+        code: "Injected".into(),
+        message: "injected".into(),
+        class,
+    }
+}
+
+#[tokio::test]
+async fn exactly_once_writes_outputs_changelog_and_offsets_in_one_transaction() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.run(vec![amount(0, "a", 1), amount(1, "b", 2)])
+        .await
+        .expect("batch");
+    let calls = shape(&rig.kafka.calls());
+    assert_eq!(calls.first().map(String::as_str), Some("begin"));
+    assert_eq!(calls.last().map(String::as_str), Some("commit"));
+    assert_eq!(
+        calls[calls.len() - 2],
+        "offsets [(0, 2)]",
+        "offsets go in last: {calls:?}"
+    );
+    assert_eq!(calls.iter().filter(|c| *c == "send out").count(), 2);
+    // The changelog: two dedup entries, one state key, one progress record.
+    let changelog = rig.kafka.committed(CHANGELOG);
+    assert_eq!(changelog.len(), 4, "{changelog:?}");
+    assert_eq!(
+        changelog.last().and_then(|r| r.key.clone()),
+        Some(b"p:".to_vec())
+    );
+    assert_eq!(rig.sums(), [1, 3]);
+    assert_eq!(rig.state("k"), Some(3));
+    assert_eq!(rig.txlog.progress(0).expect("progress"), Some(2));
+    assert_eq!(rig.kafka.committed_offsets(), [(0, 2)].into());
+}
+
+/// librdkafka's transactional error matrix, at each call of a transaction: whatever
+/// fails, nothing of the batch is visible and nothing reaches the transaction log.
+#[tokio::test]
+async fn an_error_at_any_call_of_the_transaction_leaves_nothing_behind() {
+    for kind in [Kind::Begin, Kind::Send, Kind::SendOffsets, Kind::Commit] {
+        for class in [
+            ErrorClass::Retriable,
+            ErrorClass::Abortable,
+            ErrorClass::Fatal,
+            ErrorClass::Rejected,
+        ] {
+            let rig = Rig::new(DeliveryMode::ExactlyOnce);
+            rig.kafka.fail(kind, None, 1, kafka_error(class));
+            let result = rig.run(vec![amount(0, "a", 1), amount(1, "b", 2)]).await;
+            let error = result.expect_err(&format!("{kind:?} {class:?}: the batch went through"));
+            assert_eq!(
+                (error.is_retriable(), error.is_fatal(), error.is_rejection()),
+                (
+                    class == ErrorClass::Retriable,
+                    class == ErrorClass::Fatal,
+                    class == ErrorClass::Rejected
+                ),
+                "{kind:?} {class:?}: the class is kept: {error}"
+            );
+            assert!(rig.sums().is_empty(), "{kind:?} {class:?}: outputs visible");
+            assert!(rig.kafka.committed(CHANGELOG).is_empty());
+            assert!(rig.kafka.committed_offsets().is_empty());
+            assert_eq!(rig.state("k"), None, "{kind:?} {class:?}: state applied");
+            assert!(!rig.txlog.is_processed(0, "a").expect("read"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn at_least_once_writes_the_changelog_only_after_the_outputs_landed() {
+    let rig = Rig::new(DeliveryMode::AtLeastOnce);
+    rig.run(vec![amount(0, "a", 1)]).await.expect("batch");
+    let calls = shape(&rig.kafka.calls());
+    let first_changelog = calls
+        .iter()
+        .position(|c| c == "send g-txlog")
+        .expect("changelog");
+    let flush = calls.iter().position(|c| c == "flush").expect("flush");
+    let output = calls.iter().position(|c| c == "send out").expect("output");
+    assert!(output < flush && flush < first_changelog, "{calls:?}");
+    assert_eq!(
+        calls.last().map(String::as_str),
+        Some("consumer commit [(0, 1)]")
+    );
+
+    // An output that fails to land: no dedup entry, no commit, so the retry processes it.
+    let rig = Rig::new(DeliveryMode::AtLeastOnce);
+    rig.kafka.fail(
+        Kind::Landing,
+        Some(OUT),
+        1,
+        kafka_error(ErrorClass::Rejected),
+    );
+    assert!(rig.run(vec![amount(0, "a", 1)]).await.is_err());
+    let calls = shape(&rig.kafka.calls());
+    assert!(!calls.iter().any(|c| c == "send g-txlog"), "{calls:?}");
+    assert!(rig.kafka.committed_offsets().is_empty());
+    assert!(!rig.txlog.is_processed(0, "a").expect("read"));
+}
+
+#[tokio::test]
+async fn at_most_once_commits_offsets_before_it_processes() {
+    let rig = Rig::new(DeliveryMode::AtMostOnce);
+    rig.kafka
+        .fail(Kind::Send, Some(OUT), 1, kafka_error(ErrorClass::Other));
+    assert!(rig.run(vec![amount(0, "a", 1)]).await.is_err());
+    let calls = shape(&rig.kafka.calls());
+    assert_eq!(calls[0], "consumer commit [(0, 1)]", "{calls:?}");
+    assert_eq!(rig.kafka.committed_offsets(), [(0, 1)].into());
+}
+
+#[tokio::test]
+async fn duplicates_are_skipped_in_a_batch_and_after_it_and_empty_ids_are_no_ids() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.run(vec![amount(0, "a", 1), amount(1, "a", 1), amount(2, "", 5)])
+        .await
+        .expect("first");
+    rig.run(vec![amount(3, "a", 1), amount(4, "", 5)])
+        .await
+        .expect("second");
+    assert_eq!(rig.sums(), [1, 6, 11]);
+    let stats = rig.stats.snapshot();
+    assert_eq!(stats.duplicates_skipped, 2);
+    assert_eq!(stats.without_event_id, 2);
+}
+
+#[tokio::test]
+async fn a_transient_failure_commits_what_came_before_and_retries_in_a_new_transaction() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    let failing = record(
+        1,
+        In {
+            id: Some("b".into()),
+            key: "k".into(),
+            amount: 2,
+            transient: 2,
+            ..In::default()
+        },
+    );
+    rig.run(vec![amount(0, "a", 1), failing, amount(2, "c", 3)])
+        .await
+        .expect("batch");
+    let calls = shape(&rig.kafka.calls());
+    let offsets: Vec<&String> = calls.iter().filter(|c| c.starts_with("offsets")).collect();
+    // The first record alone, then (an empty part is aborted) the rest.
+    assert_eq!(
+        offsets.first().map(|s| s.as_str()),
+        Some("offsets [(0, 1)]")
+    );
+    assert_eq!(offsets.last().map(|s| s.as_str()), Some("offsets [(0, 3)]"));
+    assert!(calls.iter().any(|c| c == "abort"), "{calls:?}");
+    assert_eq!(rig.sums(), [1, 3, 6]);
+}
+
+#[tokio::test]
+async fn a_batch_commits_at_half_the_transaction_timeout() {
+    let mut rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.config.transaction_timeout = Duration::from_millis(60);
+    let slow = |offset: i64, id: &str| {
+        record(
+            offset,
+            In {
+                id: Some(id.into()),
+                key: "k".into(),
+                amount: 1,
+                slow_ms: 20,
+                ..In::default()
+            },
+        )
+    };
+    rig.run(vec![slow(0, "a"), slow(1, "b"), slow(2, "c"), slow(3, "d")])
+        .await
+        .expect("batch");
+    let commits = rig
+        .kafka
+        .calls()
+        .iter()
+        .filter(|c| **c == Call::Commit)
+        .count();
+    assert!(
+        commits >= 2,
+        "{commits} commit(s) for 80 ms of work and a 60 ms timeout"
+    );
+    assert_eq!(rig.sums(), [1, 2, 3, 4]);
+}
+
+#[tokio::test]
+async fn a_fence_after_the_transaction_timeout_is_reported_as_a_timeout() {
+    let mut rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.config.transaction_timeout = Duration::from_millis(10);
+    rig.kafka.fail(Kind::Commit, None, 1, || Error::Fenced {
+        what: "transactional.id `g-a`".into(),
+        detail: "PRODUCER_FENCED".into(),
+    });
+    let slow = record(
+        0,
+        In {
+            id: Some("a".into()),
+            key: "k".into(),
+            amount: 1,
+            slow_ms: 20,
+            ..In::default()
+        },
+    );
+    match rig.run(vec![slow]).await {
+        Err(Error::TransactionTimedOut { timeout, .. }) => {
+            assert_eq!(timeout, Duration::from_millis(10))
+        }
+        other => panic!("expected TransactionTimedOut, got {other:?}"),
+    }
+    // A fence in a transaction younger than the timeout is a real fence.
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.kafka.fail(Kind::Commit, None, 1, || Error::Fenced {
+        what: "transactional.id `g-a`".into(),
+        detail: "PRODUCER_FENCED".into(),
+    });
+    assert!(matches!(
+        rig.run(vec![amount(0, "a", 1)]).await,
+        Err(Error::Fenced { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_state_value_over_the_changelog_limit_is_dead_lettered_before_the_transaction() {
+    let mut rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.limits.insert(CHANGELOG.into(), 200);
+    let big = record(
+        1,
+        In {
+            id: Some("b".into()),
+            key: "k".into(),
+            amount: 2,
+            big_state: 500,
+            ..In::default()
+        },
+    );
+    rig.run(vec![amount(0, "a", 1), big, amount(2, "c", 3)])
+        .await
+        .expect("batch");
+    assert_eq!(rig.sums(), [1, 4], "the big record changed nothing");
+    let dead = rig.kafka.committed(DLQ);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].header("onceflow-error-class").as_deref(),
+        Some("state-too-large")
+    );
+    assert_eq!(rig.stats.snapshot().dead_lettered, 1);
+}
+
+#[tokio::test]
+async fn a_dead_letter_over_its_limit_goes_without_its_value() {
+    let mut rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.limits.insert(DLQ.into(), 600);
+    rig.limits.insert(CHANGELOG.into(), 200);
+    let big = record(
+        0,
+        In {
+            id: Some("b".into()),
+            key: "k".repeat(300),
+            amount: 2,
+            big_state: 500,
+            ..In::default()
+        },
+    );
+    rig.run(vec![big]).await.expect("batch");
+    let dead = rig.kafka.committed(DLQ);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].value, None);
+    assert!(dead[0].header("onceflow-value-omitted").is_some());
+}
+
+#[tokio::test]
+async fn a_record_failed_alone_is_dead_lettered_with_its_offset_in_its_own_transaction() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    let refused = amount(7, "x", 1);
+    rig.batch()
+        .fail_alone(&refused, "rejected", kafka_error(ErrorClass::Rejected)())
+        .await
+        .expect("dead-lettered");
+    let calls = shape(&rig.kafka.calls());
+    assert_eq!(calls.first().map(String::as_str), Some("begin"));
+    assert!(calls.contains(&"offsets [(0, 8)]".to_owned()), "{calls:?}");
+    let dead = rig.kafka.committed(DLQ);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].header("onceflow-error-class").as_deref(),
+        Some("rejected")
+    );
+    assert_eq!(
+        dead[0].header("onceflow-source-offset").as_deref(),
+        Some("7")
+    );
+    assert!(
+        !rig.txlog.is_processed(0, "x").expect("read"),
+        "a dead letter is not processed"
+    );
+}
