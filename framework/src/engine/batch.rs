@@ -9,30 +9,17 @@ use std::panic::AssertUnwindSafe;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::FutureExt;
 
-use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
-use crate::engine::crash_point;
+use crate::config::{DeliveryMode, EngineConfig};
+use crate::engine::dead_letters::{FailureClass, Failures};
 use crate::engine::seams::{Landing, Outgoing, Sink, Source};
 use crate::engine::stats::Stats;
+use crate::engine::{changelog, crash_point};
 use crate::event::{Codec, Event, Json};
 use crate::kafka;
 use crate::processor::{Context, Output, Processor, RecordMeta};
 use crate::txlog::{Change, Landed, Overlay, Snapshot, TxLog};
 use crate::{Error, Result};
 
-/// Headers a dead-lettered record carries besides its own.
-pub(crate) const DLQ_ERROR_CLASS: &str = "onceflow-error-class";
-pub(crate) const DLQ_ERROR_MESSAGE: &str = "onceflow-error-message";
-pub(crate) const DLQ_SOURCE_TOPIC: &str = "onceflow-source-topic";
-pub(crate) const DLQ_SOURCE_PARTITION: &str = "onceflow-source-partition";
-pub(crate) const DLQ_SOURCE_OFFSET: &str = "onceflow-source-offset";
-pub(crate) const DLQ_SOURCE_TIMESTAMP: &str = "onceflow-source-timestamp";
-pub(crate) const DLQ_PROCESSOR: &str = "onceflow-processor";
-pub(crate) const DLQ_ATTEMPTS: &str = "onceflow-attempts";
-pub(crate) const DLQ_AT: &str = "onceflow-dead-lettered-at";
-/// Set (to the value's size in bytes) when the record's value was left out of its dead
-/// letter because the copy would be over the topic's size limit; the value is still in
-/// the source topic at the source offset, while that is retained.
-pub(crate) const DLQ_VALUE_OMITTED: &str = "onceflow-value-omitted";
 /// Dedup entries expired per partition per batch, at most: expiry keeps pace with load
 /// without making any one batch large.
 const EXPIRE_PER_BATCH: usize = 1_000;
@@ -150,7 +137,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     pub(super) async fn fail_alone(
         &self,
         record: &kafka::Record,
-        class: &'static str,
+        class: FailureClass,
         error: Error,
     ) -> Result<()> {
         let config = self.config;
@@ -186,7 +173,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             Err(error) => {
                 self.fail(
                     record,
-                    "decode",
+                    FailureClass::Decode,
                     error,
                     retry.attempt,
                     &mut part.failed,
@@ -291,8 +278,8 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             .find(|(_, size)| *size > changelog_limit);
         if let Some((change, size)) = oversized {
             let (class, what) = match change {
-                Change::Processed { .. } => ("event-id-too-large", "its event ID"),
-                _ => ("state-too-large", "a state value it wrote"),
+                Change::Processed { .. } => (FailureClass::EventIdTooLarge, "its event ID"),
+                _ => (FailureClass::StateTooLarge, "a state value it wrote"),
             };
             let error = Error::Encode {
                 what: format!("{what}, as a record of changelog `{}`", self.changelog),
@@ -317,7 +304,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             };
             self.fail(
                 record,
-                "output-too-large",
+                FailureClass::OutputTooLarge,
                 error,
                 1,
                 &mut part.failed,
@@ -371,17 +358,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         } else {
             overlay.into_changes()
         };
-        // Every partition the part read records the input offset it reached, last in its
-        // share of the changelog: replay compares it with the group's committed offset.
-        for (partition, next) in &next_offsets {
-            let progress = Change::Progress {
-                input_offset: *next,
-            };
-            match changes.iter_mut().find(|(p, _)| p == partition) {
-                Some((_, list)) => list.push(progress),
-                None => changes.push((*partition, vec![progress])),
-            }
-        }
+        changelog::add_progress(&mut changes, &next_offsets);
         // At least once has no transaction to make outputs and dedup entries land
         // together: the outputs and dead letters must have landed before any dedup entry
         // is written, or a failed output would leave its input marked processed (and its
@@ -504,7 +481,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         &self,
         input: &E,
         record: &kafka::Record,
-    ) -> std::result::Result<Option<String>, (&'static str, Error)> {
+    ) -> std::result::Result<Option<String>, (FailureClass, Error)> {
         if let Some(id) = input.event_id().filter(|id| !id.is_empty()) {
             return Ok(Some(id));
         }
@@ -512,7 +489,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         match record.header(header).filter(|bytes| !bytes.is_empty()) {
             Some(bytes) => Ok(Some(header_event_id(bytes))),
             None if self.config.require_event_id => Err((
-                "missing-event-id",
+                FailureClass::MissingEventId,
                 Error::processing(format!(
                     "no event ID (or an empty one) in the event and in header `{header}`"
                 )),
@@ -545,7 +522,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                     Ok(input) => input,
                     Err(error) => {
                         return Processed::Failed {
-                            class: "decode",
+                            class: FailureClass::Decode,
                             error,
                             attempts: attempt,
                         };
@@ -571,7 +548,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                 Err(panic) => {
                     let message = panic_message(&*panic);
                     return Processed::Failed {
-                        class: "panic",
+                        class: FailureClass::Panic,
                         error: Error::processing(format!("the processor panicked: {message}")),
                         attempts: attempt,
                     };
@@ -579,14 +556,14 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             };
             if !error.is_retriable() {
                 return Processed::Failed {
-                    class: "permanent",
+                    class: FailureClass::Permanent,
                     error,
                     attempts: attempt,
                 };
             }
             let Some(delay) = retry.next_delay(config.max_retry_time) else {
                 return Processed::Failed {
-                    class: "transient-exhausted",
+                    class: FailureClass::TransientExhausted,
                     error,
                     attempts: attempt,
                 };
@@ -597,104 +574,6 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             }
             tokio::time::sleep(delay).await;
         }
-    }
-
-    /// Handles a record that cannot be processed, per `on_error`.
-    async fn fail(
-        &self,
-        record: &kafka::Record,
-        class: &'static str,
-        error: Error,
-        attempts: u32,
-        failed: &mut Failures<K::Pending>,
-        now_ms: i64,
-    ) -> Result<()> {
-        let config = self.config;
-        match config.on_error {
-            ErrorPolicy::Stop => return Err(error),
-            ErrorPolicy::Skip => {
-                failed.skipped += 1;
-                // Rate-limited like dead letters: a poison flood must not flood the logs.
-                if failed.skipped <= 10 || failed.skipped.is_power_of_two() {
-                    tracing::warn!(%error, class, partition = record.partition, offset = record.offset, skipped = failed.skipped, "record skipped");
-                }
-            }
-            ErrorPolicy::DeadLetter => {
-                let topic = config.dead_letter_topic();
-                let message = error.to_string();
-                let partition = record.partition.to_string();
-                let offset = record.offset.to_string();
-                let timestamp = record
-                    .timestamp_ms
-                    .map(|t| t.to_string())
-                    .unwrap_or_default();
-                let attempts_text = attempts.to_string();
-                let at = now_ms.to_string();
-                let mut headers: Vec<(&str, Option<&[u8]>)> = record
-                    .headers
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.as_deref()))
-                    .collect();
-                headers.extend([
-                    (DLQ_ERROR_CLASS, Some(class.as_bytes())),
-                    (DLQ_ERROR_MESSAGE, Some(message.as_bytes())),
-                    (DLQ_SOURCE_TOPIC, Some(record.topic.as_bytes())),
-                    (DLQ_SOURCE_PARTITION, Some(partition.as_bytes())),
-                    (DLQ_SOURCE_OFFSET, Some(offset.as_bytes())),
-                    (DLQ_SOURCE_TIMESTAMP, Some(timestamp.as_bytes())),
-                    (DLQ_PROCESSOR, Some(config.group.as_bytes())),
-                    (DLQ_ATTEMPTS, Some(attempts_text.as_bytes())),
-                    (DLQ_AT, Some(at.as_bytes())),
-                ]);
-                // A copy over the dead-letter topic's limit would fail the batch on every
-                // retry: leave the value out (it is still at its source offset) and say so.
-                let limit = self
-                    .output_limits
-                    .get(&topic)
-                    .copied()
-                    .unwrap_or(usize::MAX);
-                let size = |value: Option<&[u8]>, headers: &[(&str, Option<&[u8]>)]| {
-                    record.key.as_ref().map_or(0, Vec::len)
-                        + value.map_or(0, <[u8]>::len)
-                        + headers
-                            .iter()
-                            .map(|(name, value)| name.len() + value.map_or(0, <[u8]>::len))
-                            .sum::<usize>()
-                };
-                let mut value = record.value.as_deref();
-                let omitted = value.map_or(0, <[u8]>::len).to_string();
-                if size(value, &headers) > limit {
-                    value = None;
-                    headers.push((DLQ_VALUE_OMITTED, Some(omitted.as_bytes())));
-                    tracing::warn!(
-                        topic,
-                        partition = record.partition,
-                        offset = record.offset,
-                        bytes = %omitted,
-                        limit,
-                        "dead letter over the topic's size limit: its value is left out"
-                    );
-                }
-                let pending = self
-                    .producer
-                    .send(Outgoing {
-                        topic: &topic,
-                        partition: None,
-                        key: record.key.as_deref(),
-                        value,
-                        headers: &headers,
-                    })
-                    .await?;
-                failed.pending.push(pending);
-                failed.dead_lettered += 1;
-                if failed.dead_lettered <= 10 || failed.dead_lettered.is_power_of_two() {
-                    tracing::warn!(%error, class, topic, partition = record.partition, offset = record.offset, dead_lettered = failed.dead_lettered, "record dead-lettered");
-                }
-            }
-        }
-        // Not marked processed: it never was, so a later copy of it (a `dlq replay` after
-        // a fix, or a duplicate) is processed, not skipped.
-        Ok(())
     }
 
     /// Adds this batch's share of dedup expiries to the overlay.
@@ -723,7 +602,7 @@ enum Processed {
     /// A transient failure with retry budget left: wait this long, then try again.
     Wait(Duration),
     Failed {
-        class: &'static str,
+        class: FailureClass,
         error: Error,
         attempts: u32,
     },
@@ -804,13 +683,6 @@ impl Retry {
         self.attempt += 1;
         Some(delay)
     }
-}
-
-/// Records of this batch that could not be processed.
-struct Failures<P> {
-    pending: Vec<P>,
-    dead_lettered: u64,
-    skipped: u64,
 }
 
 /// The text form of an event ID taken from a header, lossless: UTF-8 as it is, anything

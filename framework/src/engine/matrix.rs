@@ -457,7 +457,11 @@ async fn a_record_failed_alone_is_dead_lettered_with_its_offset_in_its_own_trans
     let rig = Rig::new(DeliveryMode::ExactlyOnce);
     let refused = amount(7, "x", 1);
     rig.batch()
-        .fail_alone(&refused, "rejected", kafka_error(ErrorClass::Rejected)())
+        .fail_alone(
+            &refused,
+            crate::engine::dead_letters::FailureClass::Rejected,
+            kafka_error(ErrorClass::Rejected)(),
+        )
         .await
         .expect("dead-lettered");
     let calls = shape(&rig.kafka.calls());

@@ -49,12 +49,15 @@
 //! - A fenced producer stops the instance; nothing it did after the fence is visible.
 
 mod batch;
+mod changelog;
+mod dead_letters;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod matrix;
-mod recovery;
+mod recover;
 mod seams;
+mod startup;
 mod stats;
 
 use std::collections::BTreeSet;
@@ -69,12 +72,15 @@ use crate::kafka::{self, ClientOptions, InputConsumer, Isolation, OutputProducer
 use crate::processor::Processor;
 use crate::txlog::{self, Opened, TxLog};
 use crate::{Error, Result};
+use recover::{
+    Failed, ISOLATE_AFTER, Parts, Resync, abort_backoff, isolate, recover, stops_the_instance,
+};
 
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 /// How long replay waits for an open transaction beyond `transaction_timeout`: the
 /// coordinator aborts a transaction some time after its timeout, not at once.
-const REPLAY_WAIT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+pub(super) const REPLAY_WAIT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long the start-up connection check waits for the cluster to answer.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -200,7 +206,7 @@ impl Engine {
         }
         log_contents(&txlog);
         kafka::check_connection(options, CONNECT_TIMEOUT).await?;
-        recovery::check_topics(options, &config).await?;
+        startup::check_topics(options, &config).await?;
 
         let mut producer = new_producer(options, &config).await?;
         let consumer = InputConsumer::subscribe(
@@ -216,7 +222,7 @@ impl Engine {
             .kafka_property("message.max.bytes")
             .and_then(|value| value.parse().ok())
             .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
-        let output_limits = recovery::output_limits(options, &config, producer_limit).await?;
+        let output_limits = startup::output_limits(options, &config, producer_limit).await?;
         tracing::info!(
             processor = processor.name(),
             group = %config.group,
@@ -364,106 +370,10 @@ impl Engine {
     }
 }
 
-/// Failed batches in a row after which the engine looks for the record that fails them.
-const ISOLATE_AFTER: u32 = 2;
-
-/// The pause after the `failures`-th failed batch in a row: 100 ms, doubling, at most 5 s.
-fn abort_backoff(failures: u32) -> std::time::Duration {
-    let doublings = failures.saturating_sub(1).min(6);
-    std::time::Duration::from_millis(100 * (1 << doublings)).min(std::time::Duration::from_secs(5))
-}
-
-/// What a batch needs besides the producer, which recovery may replace between two.
-struct Parts<'a> {
-    config: &'a EngineConfig,
-    consumer: &'a InputConsumer,
-    txlog: &'a Arc<TxLog>,
-    stats: &'a Arc<Stats>,
-    declared: &'a BTreeSet<String>,
-    changelog: &'a str,
-    output_limits: &'a std::collections::BTreeMap<String, usize>,
-}
-
-impl<'a> Parts<'a> {
-    fn batch(
-        &self,
-        producer: &'a OutputProducer,
-    ) -> batch::Batch<'a, InputConsumer, OutputProducer> {
-        batch::Batch {
-            config: self.config,
-            consumer: self.consumer,
-            producer,
-            txlog: self.txlog,
-            stats: self.stats,
-            declared: self.declared,
-            changelog: self.changelog,
-            output_limits: self.output_limits,
-        }
-    }
-}
-
-/// How a batch failed.
-enum Failed {
-    /// It failed as a whole: abort, rewind, and try again.
-    Batch(Error),
-    /// The record that failed it alone was dead-lettered (and everything is rewound).
-    Isolated,
-    /// The instance must stop.
-    Stop(Error),
-}
-
-/// Runs `records` one per transaction, after batches failed in a row: the record that
-/// fails alone, refused for good by the broker (too large, invalid for its topic) or
-/// holding its transaction past the timeout, is the one that fails them all. It is
-/// handled per `on_error` in a transaction of its own, and the partitions are rewound
-/// to what is committed; the records after it come again with the next poll.
-async fn isolate<P: Processor>(
-    parts: &Parts<'_>,
-    resync: &Resync<'_>,
-    processor: &mut P,
-    producer: &mut OutputProducer,
-    owned: &BTreeSet<i32>,
-    records: Vec<kafka::Record>,
-) -> Option<Failed> {
-    for record in records {
-        let alone = parts
-            .batch(producer)
-            .run(processor, vec![record.clone()])
-            .await;
-        let Err(error) = alone else { continue };
-        let class = match &error {
-            e if e.is_rejection() => "rejected",
-            Error::TransactionTimedOut { .. } => "transaction-timeout",
-            _ => return Some(Failed::Batch(error)),
-        };
-        Stats::add(&parts.stats.aborts, 1);
-        if let Err(stop) = recover(resync, parts.consumer, producer, owned, &error).await {
-            return Some(Failed::Stop(stop));
-        }
-        tracing::warn!(
-            %error,
-            class,
-            partition = record.partition,
-            offset = record.offset,
-            "found the record that fails its batches"
-        );
-        if let Err(stop) = parts
-            .batch(producer)
-            .fail_alone(&record, class, error)
-            .await
-        {
-            return Some(Failed::Stop(stop));
-        }
-        let next = vec![(record.partition, Some(record.offset + 1))];
-        if let Err(stop) = parts.consumer.seek(next).await {
-            return Some(Failed::Stop(stop));
-        }
-        return Some(Failed::Isolated);
-    }
-    None
-}
-
-async fn new_producer(options: &ClientOptions, config: &EngineConfig) -> Result<OutputProducer> {
+pub(super) async fn new_producer(
+    options: &ClientOptions,
+    config: &EngineConfig,
+) -> Result<OutputProducer> {
     match config.delivery {
         DeliveryMode::ExactlyOnce => {
             OutputProducer::transactional(
@@ -474,119 +384,6 @@ async fn new_producer(options: &ClientOptions, config: &EngineConfig) -> Result<
             .await
         }
         DeliveryMode::AtLeastOnce | DeliveryMode::AtMostOnce => OutputProducer::idempotent(options),
-    }
-}
-
-/// Errors after which the instance must not go on: fencing and configuration problems,
-/// and a record failure under `on_error = stop` (it would fail the same way on the same
-/// record forever).
-fn stops_the_instance(error: &Error) -> bool {
-    error.is_fatal()
-        || matches!(
-            error,
-            Error::Processing { .. }
-                | Error::Decode { .. }
-                | Error::Encode { .. }
-                | Error::Corrupt { .. }
-        )
-}
-
-/// What re-synchronising after a failed batch needs besides the clients.
-struct Resync<'a> {
-    options: &'a ClientOptions,
-    config: &'a EngineConfig,
-    changelog: &'a str,
-    txlog: &'a Arc<TxLog>,
-    stats: &'a Arc<Stats>,
-}
-
-/// Undoes a failed batch: aborts its transaction (recreating the producer when the abort
-/// itself fails), then continues from what the broker says happened.
-///
-/// The outcome of a failed batch is not always known: a commit that timed out may have
-/// reached the coordinator, and a new producer with the same transactional ID then
-/// completes it instead of aborting it. So nothing is assumed: every owned partition's
-/// changelog is replayed into redb (a no-op when the batch really aborted), and every owned
-/// partition is moved to the group's committed offset (read with `read_committed`
-/// semantics, so it waits for the transaction to be resolved), which is the batch's start
-/// if it aborted and its end if it committed.
-async fn recover(
-    resync: &Resync<'_>,
-    consumer: &InputConsumer,
-    producer: &mut OutputProducer,
-    owned: &BTreeSet<i32>,
-    cause: &Error,
-) -> Result<()> {
-    let Resync {
-        options, config, ..
-    } = resync;
-    if matches!(cause, Error::Fenced { .. }) {
-        return Ok(());
-    }
-    if let Error::TransactionTimedOut { .. } = cause {
-        // The coordinator aborted the transaction and bumped the producer's epoch: this
-        // producer is unusable, but no other instance has the transactional ID.
-        tracing::warn!(error = %cause, "recreating the producer after a transaction timeout");
-        *producer =
-            retry_transient("recreate the producer", || new_producer(options, config)).await?;
-    } else if config.delivery == DeliveryMode::ExactlyOnce
-        && let Err(error) = producer.abort().await
-    {
-        if matches!(error, Error::Fenced { .. }) {
-            return Err(error);
-        }
-        // A producer that can neither commit nor abort is replaced; initialising the new
-        // one (same transactional ID) resolves whatever the old one left open.
-        tracing::warn!(%error, "abort failed; recreating the producer");
-        *producer =
-            retry_transient("recreate the producer", || new_producer(options, config)).await?;
-    }
-    if config.delivery == DeliveryMode::AtMostOnce {
-        // The batch's offsets were committed before it was processed: at most once means
-        // it is not processed again.
-        return Ok(());
-    }
-    let owned: Vec<i32> = owned.iter().copied().collect();
-    let committed = resync.catch_up(consumer, &owned).await?;
-    retry_transient("seek to the committed offsets", || {
-        consumer.seek(committed.clone())
-    })
-    .await
-}
-
-impl Resync<'_> {
-    /// Brings the transaction log of `partitions` up to what the group committed: reads
-    /// the group's stable committed offsets (a transaction that is still committing its
-    /// offsets is waited for), then replays each partition's changelog until its progress
-    /// records reach them. Returns the committed offsets.
-    async fn catch_up(
-        &self,
-        consumer: &InputConsumer,
-        partitions: &[i32],
-    ) -> Result<Vec<(i32, Option<i64>)>> {
-        let committed = retry_transient("read the committed offsets", || {
-            consumer.committed(partitions.to_vec())
-        })
-        .await?;
-        // At most once commits before it processes: the changelog lags the committed
-        // offsets by design, so there is nothing to wait for.
-        let must_reach = self.config.delivery != DeliveryMode::AtMostOnce;
-        for (partition, offset) in &committed {
-            self.stats.set_phase(Phase::Replaying);
-            retry_transient("replay the changelog", || {
-                recovery::replay(
-                    self.options,
-                    self.changelog,
-                    *partition,
-                    offset.filter(|_| must_reach),
-                    self.config.transaction_timeout + REPLAY_WAIT_GRACE,
-                    self.txlog,
-                    self.stats,
-                )
-            })
-            .await?;
-        }
-        Ok(committed)
     }
 }
 
@@ -612,7 +409,7 @@ fn log_contents(txlog: &TxLog) {
 
 /// Runs `call` again while it fails with a retriable error (a broker that is slow or
 /// briefly away), with growing pauses, at most five times in all.
-async fn retry_transient<T, F, Fut>(what: &str, mut call: F) -> Result<T>
+pub(super) async fn retry_transient<T, F, Fut>(what: &str, mut call: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,

@@ -296,6 +296,23 @@ impl InputConsumer {
         .await
     }
 
+    /// The fatal error librdkafka raised on this consumer, if any. A member that joined
+    /// with the same `group.instance.id` fences this one: it was replaced, and whoever
+    /// replaced it owns the partitions (and the transactional ID) now.
+    pub(crate) fn fatal_error(&self) -> Option<crate::Error> {
+        let (code, reason) = self.consumer.client().fatal_error()?;
+        Some(match code {
+            rdkafka::types::RDKafkaErrorCode::FencedInstanceId => crate::Error::Fenced {
+                what: format!("group.instance.id `{}`", self.instance_id),
+                detail: reason,
+            },
+            code => kafka_error(
+                format!("consume `{}`", self.topic),
+                KafkaError::MessageConsumptionFatal(code),
+            ),
+        })
+    }
+
     /// Leaves the group (revoking every partition), so others take over at once.
     pub(crate) async fn close(self) -> Result<()> {
         let consumer = self.consumer;

@@ -1,18 +1,14 @@
-//! Start-up checks and changelog replay.
+//! Start-up checks: the topics exist (onceflow's own are created, durable and compacted)
+//! and the size limits of every topic the engine writes.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{EngineConfig, ErrorPolicy};
-use crate::engine::stats::{Phase, Stats};
-use crate::kafka::{self, ClientOptions, ReadEnd};
-use crate::txlog::{Change, TxLog};
+use crate::kafka::{self, ClientOptions};
 use crate::{Error, Result};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
-/// Changelog records applied to redb per write transaction while replaying.
-const REPLAY_CHUNK: usize = 2_000;
 
 /// Checks the topics before anything is consumed: the input and outputs exist, and the
 /// changelog exists with as many partitions as the input (it is created when missing).
@@ -156,119 +152,4 @@ pub(crate) async fn output_limits(
         limits.insert(topic.clone(), producer_limit.min(broker_limit));
     }
     Ok(limits)
-}
-
-/// Brings `partition`'s dedup entries and state in redb up to date with the changelog,
-/// from the stored checkpoint until the changelog's progress records reach `committed`,
-/// the group's stable committed offset of the input partition (`None`: nothing to
-/// reach, read to the end the reader sees). Must finish before any record of the
-/// partition is processed.
-///
-/// While an open transaction hides committed records (the last stable offset lags the
-/// high watermark) and the progress has not reached `committed`, it waits, at most `wait`;
-/// then it fails with [`Error::HangingTransaction`]. A checkpoint past the changelog's
-/// high watermark means the topic was recreated: the partition is cleared and read from
-/// the start. A malformed record is an error that names it, never a reason to clear.
-pub(crate) async fn replay(
-    options: &ClientOptions,
-    changelog: &str,
-    partition: i32,
-    committed: Option<i64>,
-    wait: Duration,
-    txlog: &Arc<TxLog>,
-    stats: &Arc<Stats>,
-) -> Result<()> {
-    let options = options.clone();
-    let changelog = changelog.to_owned();
-    let txlog = Arc::clone(txlog);
-    let stats = Arc::clone(stats);
-    kafka::blocking("replay the changelog", move || {
-        let started = std::time::Instant::now();
-        let mut replayed = 0u64;
-        let remaining = metrics::gauge!("onceflow_replay_remaining_records", "partition" => partition.to_string());
-        let mut apply = |records: Vec<kafka::Record>, end: i64| -> Result<()> {
-            crate::engine::crash_point!("onceflow-during-replay");
-            let Some(last) = records.last().map(|r| r.offset) else { return Ok(()) };
-            let changes = records
-                .iter()
-                .map(|r| {
-                    Change::decode(
-                        r.key.as_deref().unwrap_or_default(),
-                        r.value.as_deref(),
-                        &format!("changelog record {changelog}/{partition}@{}", r.offset),
-                    )
-                })
-                .collect::<Result<Vec<_>>>()?;
-            txlog.apply(&[(partition, changes, Some(last + 1))])?;
-            replayed += records.len() as u64;
-            Stats::add(&stats.replayed_records, records.len() as u64);
-            remaining.set((end - last - 1).max(0) as f64);
-            tracing::info!(partition, replayed, at = last + 1, end, "replaying the changelog");
-            Ok(())
-        };
-        let mut reached = || -> Result<bool> {
-            Ok(match committed {
-                None => true,
-                Some(committed) => txlog.progress(partition)?.is_some_and(|at| at >= committed),
-            })
-        };
-        let mut read = |from: Option<i64>, apply: &mut dyn FnMut(Vec<kafka::Record>, i64) -> Result<()>| {
-            kafka::read_partition(
-                &options,
-                &changelog,
-                partition,
-                from,
-                REPLAY_CHUNK,
-                METADATA_TIMEOUT,
-                kafka::Until {
-                    reached: &mut reached,
-                    wait,
-                    on_wait: &|| stats.set_phase(Phase::WaitingForTransaction),
-                },
-                apply,
-            )
-        };
-        let end = match read(txlog.checkpoint(partition)?, &mut apply)? {
-            ReadEnd::PastEnd {
-                checkpoint,
-                high_watermark,
-            } => {
-                // Nothing of what redb holds for this partition is in the topic any more.
-                tracing::warn!(
-                    partition,
-                    checkpoint,
-                    high_watermark,
-                    "the changelog is shorter than the transaction log's checkpoint (recreated \
-                     or truncated): forgetting the partition and replaying from the start"
-                );
-                txlog.clear_partition(partition)?;
-                match read(None, &mut apply)? {
-                    ReadEnd::Read { next, reached } => (next, reached),
-                    ReadEnd::PastEnd { .. } => unreachable!("a read from the start is never past the end"),
-                }
-            }
-            ReadEnd::Read { next, reached } => (next, reached),
-        };
-        let (end, reached) = end;
-        if !reached {
-            // Nothing hides anything, yet the changelog does not reach the committed
-            // offset: the offsets were moved by something else (a reset, a changelog from
-            // before progress records), or at-most-once committed ahead of processing.
-            tracing::warn!(
-                partition,
-                committed = ?committed,
-                progress = ?txlog.progress(partition)?,
-                "the changelog's progress does not reach the group's committed offset; going on \
-                 with what it holds (were the group's offsets reset?)"
-            );
-        }
-        // Past the last record there may be commit markers; start after them next time.
-        if txlog.checkpoint(partition)? != Some(end) {
-            txlog.apply(&[(partition, Vec::new(), Some(end))])?;
-        }
-        remaining.set(0.0);
-        tracing::info!(partition, replayed, end, elapsed = ?started.elapsed(), "changelog replayed");
-        Ok(())
-    })
-    .await
 }

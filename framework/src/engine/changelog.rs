@@ -1,0 +1,155 @@
+//! The changelog's replay into the transaction log, and the progress records every batch
+//! adds to its share of the changelog (the write itself is the batch's commit).
+//!
+//! ```text
+//!  assignment ─► stable committed offset C (require_stable) ─► replay from checkpoint
+//!      ─► progress ≥ C ? done : (LSO < high watermark ? wait ≤ timeout : warn, done)
+//! ```
+//!
+//! Invariants:
+//! - Replay ends when the changelog's progress records reach the group's stable
+//!   committed offset, never merely at the last stable offset an open transaction holds.
+//! - A checkpoint past the high watermark means a recreated topic (the partition is
+//!   rebuilt); a malformed record stops the instance, it never clears a partition.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Result;
+use crate::engine::stats::{Phase, Stats};
+use crate::kafka::{self, ClientOptions, ReadEnd};
+use crate::txlog::{Change, TxLog};
+
+const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Changelog records applied to redb per write transaction while replaying.
+const REPLAY_CHUNK: usize = 2_000;
+
+/// Adds to `changes` the progress record of every partition in `next_offsets` (the input
+/// offset the batch reached), last in that partition's share of the changelog: replay
+/// compares it with the group's committed offset.
+pub(crate) fn add_progress(changes: &mut Vec<(i32, Vec<Change>)>, next_offsets: &[(i32, i64)]) {
+    for (partition, next) in next_offsets {
+        let progress = Change::Progress {
+            input_offset: *next,
+        };
+        match changes.iter_mut().find(|(p, _)| p == partition) {
+            Some((_, list)) => list.push(progress),
+            None => changes.push((*partition, vec![progress])),
+        }
+    }
+}
+
+/// Brings `partition`'s dedup entries and state in redb up to date with the changelog,
+/// from the stored checkpoint until the changelog's progress records reach `committed`,
+/// the group's stable committed offset of the input partition (`None`: nothing to
+/// reach, read to the end the reader sees). Must finish before any record of the
+/// partition is processed.
+///
+/// While an open transaction hides committed records (the last stable offset lags the
+/// high watermark) and the progress has not reached `committed`, it waits, at most `wait`;
+/// then it fails with [`crate::Error::HangingTransaction`]. A checkpoint past the changelog's
+/// high watermark means the topic was recreated: the partition is cleared and read from
+/// the start. A malformed record is an error that names it, never a reason to clear.
+pub(crate) async fn replay(
+    options: &ClientOptions,
+    changelog: &str,
+    partition: i32,
+    committed: Option<i64>,
+    wait: Duration,
+    txlog: &Arc<TxLog>,
+    stats: &Arc<Stats>,
+) -> Result<()> {
+    let options = options.clone();
+    let changelog = changelog.to_owned();
+    let txlog = Arc::clone(txlog);
+    let stats = Arc::clone(stats);
+    kafka::blocking("replay the changelog", move || {
+        let started = std::time::Instant::now();
+        let mut replayed = 0u64;
+        let remaining = metrics::gauge!("onceflow_replay_remaining_records", "partition" => partition.to_string());
+        let mut apply = |records: Vec<kafka::Record>, end: i64| -> Result<()> {
+            crate::engine::crash_point!("onceflow-during-replay");
+            let Some(last) = records.last().map(|r| r.offset) else { return Ok(()) };
+            let changes = records
+                .iter()
+                .map(|r| {
+                    Change::decode(
+                        r.key.as_deref().unwrap_or_default(),
+                        r.value.as_deref(),
+                        &format!("changelog record {changelog}/{partition}@{}", r.offset),
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            txlog.apply(&[(partition, changes, Some(last + 1))])?;
+            replayed += records.len() as u64;
+            Stats::add(&stats.replayed_records, records.len() as u64);
+            remaining.set((end - last - 1).max(0) as f64);
+            tracing::info!(partition, replayed, at = last + 1, end, "replaying the changelog");
+            Ok(())
+        };
+        let mut reached = || -> Result<bool> {
+            Ok(match committed {
+                None => true,
+                Some(committed) => txlog.progress(partition)?.is_some_and(|at| at >= committed),
+            })
+        };
+        let mut read = |from: Option<i64>, apply: &mut dyn FnMut(Vec<kafka::Record>, i64) -> Result<()>| {
+            kafka::read_partition(
+                &options,
+                &changelog,
+                partition,
+                from,
+                REPLAY_CHUNK,
+                METADATA_TIMEOUT,
+                kafka::Until {
+                    reached: &mut reached,
+                    wait,
+                    on_wait: &|| stats.set_phase(Phase::WaitingForTransaction),
+                },
+                apply,
+            )
+        };
+        let end = match read(txlog.checkpoint(partition)?, &mut apply)? {
+            ReadEnd::PastEnd {
+                checkpoint,
+                high_watermark,
+            } => {
+                // Nothing of what redb holds for this partition is in the topic any more.
+                tracing::warn!(
+                    partition,
+                    checkpoint,
+                    high_watermark,
+                    "the changelog is shorter than the transaction log's checkpoint (recreated \
+                     or truncated): forgetting the partition and replaying from the start"
+                );
+                txlog.clear_partition(partition)?;
+                match read(None, &mut apply)? {
+                    ReadEnd::Read { next, reached } => (next, reached),
+                    ReadEnd::PastEnd { .. } => unreachable!("a read from the start is never past the end"),
+                }
+            }
+            ReadEnd::Read { next, reached } => (next, reached),
+        };
+        let (end, reached) = end;
+        if !reached {
+            // Nothing hides anything, yet the changelog does not reach the committed
+            // offset: the offsets were moved by something else (a reset, a changelog from
+            // before progress records), or at-most-once committed ahead of processing.
+            tracing::warn!(
+                partition,
+                committed = ?committed,
+                progress = ?txlog.progress(partition)?,
+                "the changelog's progress does not reach the group's committed offset; going on \
+                 with what it holds (were the group's offsets reset?)"
+            );
+        }
+        // Past the last record there may be commit markers; start after them next time.
+        if txlog.checkpoint(partition)? != Some(end) {
+            txlog.apply(&[(partition, Vec::new(), Some(end))])?;
+        }
+        remaining.set(0.0);
+        tracing::info!(partition, replayed, end, elapsed = ?started.elapsed(), "changelog replayed");
+        Ok(())
+    })
+    .await
+}
