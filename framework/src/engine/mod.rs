@@ -320,19 +320,17 @@ impl Engine {
                     .map(Failed::Batch)
             };
             let error = match failed {
-                None => {
+                // A batch committed, or the record that failed the others was found and
+                // dead-lettered (the records after it come again, in a batch as usual).
+                None | Some(Failed::Isolated) => {
+                    if failures > 0 {
+                        metrics::gauge!("onceflow_consecutive_aborts").set(0.0);
+                    }
                     failures = 0;
                     refused = false;
                     continue;
                 }
                 Some(Failed::Stop(error)) => break Err(error),
-                Some(Failed::Isolated) => {
-                    // The culprit is dead-lettered; the records after it come again, in
-                    // a batch as usual.
-                    failures = 0;
-                    refused = false;
-                    continue;
-                }
                 Some(Failed::Batch(error)) => error,
             };
             Stats::add(&self.stats.aborts, 1);

@@ -220,7 +220,9 @@ pub(crate) fn read_partition(
             }
             continue;
         }
-        // An open transaction hides what lies after the last stable offset.
+        // An open transaction hides what lies after the last stable offset. Look again
+        // when more arrives or in a while, not at every poll.
+        at_end = false;
         let (since, logged) = waiting.get_or_insert_with(|| {
             (until.on_wait)();
             tracing::info!(

@@ -193,6 +193,11 @@ fn describe() {
         "Changelog records still to replay, per partition"
     );
     describe_gauge!(
+        "onceflow_consecutive_aborts",
+        Unit::Count,
+        "Batches aborted in a row (0 once one commits); over 2 after a refusal, records go one per transaction"
+    );
+    describe_gauge!(
         "onceflow_ready",
         "1 while the engine processes, 0 while it starts, replays or after it stopped"
     );
