@@ -196,33 +196,36 @@ pub(crate) fn read_partition(
         {
             next = next.max(offset);
         }
+        let (_, stable, high_now) = watermarks()?;
+        // Not yet through what a read_committed reader can see: read on (the condition is
+        // asked only at that end, so a slow first fetch never ends a replay early).
+        if !at_end && next < stable {
+            if last_record.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: operation,
+                    after: timeout,
+                    detail: format!("stuck at offset {next} of {stable}"),
+                });
+            }
+            continue;
+        }
         if (until.reached)()? {
             return Ok(ReadEnd::Read {
                 next,
                 reached: true,
             });
         }
-        let (_, stable, high_now) = watermarks()?;
         if stable >= high_now {
-            if at_end || next >= high_now {
-                // Nothing is hidden and nothing is left: more will not come.
-                return Ok(ReadEnd::Read {
-                    next,
-                    reached: false,
-                });
-            }
-            if last_record.elapsed() > timeout {
-                return Err(Error::Timeout {
-                    what: operation,
-                    after: timeout,
-                    detail: format!("stuck at offset {next} of {high_now}"),
-                });
-            }
-            continue;
+            // Nothing is hidden and nothing is left: more will not come.
+            return Ok(ReadEnd::Read {
+                next,
+                reached: false,
+            });
         }
         // An open transaction hides what lies after the last stable offset. Look again
-        // when more arrives or in a while, not at every poll.
+        // when more arrives or in a while, not at every poll; waiting is not being stuck.
         at_end = false;
+        last_record = Instant::now();
         let (since, logged) = waiting.get_or_insert_with(|| {
             (until.on_wait)();
             tracing::info!(
