@@ -143,3 +143,134 @@ async fn a_new_owner_waits_for_an_open_foreign_transaction_before_processing() -
     );
     Ok(())
 }
+
+/// A changelog record as onceflow writes it (`txlog/change.rs`): a dedup entry.
+fn dedup_entry(id: &str, offset: i64) -> (Vec<u8>, Vec<u8>) {
+    let mut value = vec![1u8];
+    value.extend_from_slice(&offset.to_be_bytes());
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    value.extend_from_slice(&now_ms.to_be_bytes());
+    (format!("e:{id}").into_bytes(), value)
+}
+
+/// A changelog record as onceflow writes it: a batch's progress (the next input offset).
+fn progress_record(next: i64) -> (Vec<u8>, Vec<u8>) {
+    let mut value = vec![1u8];
+    value.extend_from_slice(&next.to_be_bytes());
+    (b"p:".to_vec(), value)
+}
+
+/// Item 5(a). A zombie whose `TxnOffsetCommit` the coordinator accepted commits *after*
+/// the new owner started (KIP-447 allows it). The new owner must see what the zombie
+/// committed: it reads the group's stable committed offsets first (waiting for the
+/// zombie's transaction to end), then replays until the progress records reach them.
+/// Before, it replayed to the end it could see at once, missed the zombie's dedup
+/// entries, and processed the zombie's events again when they were re-sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_that_commits_after_the_new_owner_started_is_seen_by_its_replay() -> TestResult {
+    use onceflow::Phase;
+    use rdkafka::consumer::Consumer;
+    use rdkafka::{Offset, TopicPartitionList};
+
+    let s = setup("replay-zombie").await?;
+    let first = sum::amounts(0, 100, 10);
+    sum::produce(s.kafka, &s.input, &first).await?;
+    run_until(&s, s.config("a"), 100).await?;
+
+    // The zombie: ten more events, taken by a member of the group, processed in a
+    // transaction whose offsets the coordinator accepts, not committed yet.
+    let zombied = sum::amounts(100, 10, 10);
+    sum::produce(s.kafka, &s.input, &zombied).await?;
+    let member = onceflow_e2e::group_consumer(s.kafka, &s.group, &s.input, 10);
+    let zombie = onceflow_e2e::transactional_producer(s.kafka, &format!("{}-zombie", s.group));
+    zombie.begin_transaction()?;
+    let changelog = format!("{}-txlog", s.group);
+    let mut sums = sum::final_sums(&first);
+    for (i, event) in zombied.iter().enumerate() {
+        let total = sums.entry(event.key.clone()).or_default();
+        *total += event.amount;
+        let output = sum::Summed {
+            id: event.id.clone(),
+            key: event.key.clone(),
+            amount: event.amount,
+            sum: *total,
+        };
+        let value = serde_json::to_vec(&output)?;
+        zombie
+            .send(BaseRecord::to(&s.output).key(&event.key).payload(&value))
+            .map_err(|(e, _)| e)?;
+        let (key, entry) = dedup_entry(event.id.as_deref().unwrap_or_default(), 100 + i as i64);
+        zombie
+            .send(
+                BaseRecord::to(&changelog)
+                    .partition(0)
+                    .key(&key)
+                    .payload(&entry),
+            )
+            .map_err(|(e, _)| e)?;
+        let state_key = format!("s:{}", event.key);
+        let state = serde_json::to_vec(total)?;
+        zombie
+            .send(
+                BaseRecord::to(&changelog)
+                    .partition(0)
+                    .key(&state_key)
+                    .payload(&state),
+            )
+            .map_err(|(e, _)| e)?;
+    }
+    let (key, progress) = progress_record(110);
+    zombie
+        .send(
+            BaseRecord::to(&changelog)
+                .partition(0)
+                .key(&key)
+                .payload(&progress),
+        )
+        .map_err(|(e, _)| e)?;
+    let mut offsets = TopicPartitionList::new();
+    offsets.add_partition_offset(&s.input, 0, Offset::Offset(110))?;
+    let metadata = member.group_metadata().ok_or("no group metadata")?;
+    zombie.send_offsets_to_transaction(&offsets, &metadata, onceflow_e2e::CALL_TIMEOUT)?;
+    // The zombie's member leaves; its transaction stays open.
+    drop(member);
+
+    // The new owner starts while the zombie's transaction is open.
+    let engine = Engine::new(s.config("b"))?;
+    let shutdown = engine.shutdown_handle();
+    let stats = engine.stats();
+    let running = tokio::spawn(engine.run(Sum::new(&s.output)));
+    let deadline = Instant::now() + WITHIN;
+    while stats.phase() == Phase::Starting {
+        assert!(
+            Instant::now() < deadline,
+            "the new owner never got its partition"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    zombie.commit_transaction(onceflow_e2e::CALL_TIMEOUT)?;
+
+    // The zombie's events again (duplicates), and new ones.
+    let again: Vec<Amount> = zombied.clone();
+    let later = sum::amounts(110, 90, 10);
+    sum::produce(s.kafka, &s.input, &again).await?;
+    sum::produce(s.kafka, &s.input, &later).await?;
+    sum::wait_for_outputs(s.kafka, &s.output, 200, WITHIN).await?;
+    sum::wait_for_caught_up(s.kafka, &s.group, &s.input, WITHIN).await?;
+    shutdown.trigger();
+    let snapshot = running.await??;
+
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    let all: Vec<Amount> = first
+        .iter()
+        .chain(&zombied)
+        .chain(&later)
+        .cloned()
+        .collect();
+    sum::assert_exactly_once(&all, &outputs);
+    assert_eq!(snapshot.duplicates_skipped, 10);
+    Ok(())
+}
