@@ -71,20 +71,24 @@ fn leave_transaction_open(kafka: &Kafka, topic: &str, timeout: Duration) -> Base
     producer
 }
 
-/// 200 events; a foreign transaction opens on the changelog; 800 events; a graceful
-/// restart of the same instance; 400 new events and 100 re-sends of the 800. Before the
-/// fix the restart took its own checkpoint (past the open transaction's last stable
-/// offset) for "topic recreated", cleared the partition and rebuilt it only up to the
-/// open transaction: the re-sends were output again and every key's sum was wrong.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_foreign_transaction_on_the_changelog_loses_no_state_on_restart() -> TestResult {
-    let s = setup("replay-open-txn").await?;
+/// The scenario of both tests below, on one partition: 200 events run by instance `a`;
+/// a foreign transaction opens on the changelog (aborted by its coordinator after
+/// `foreign_timeout`); 800 events run by `a`; then 400 new events and 100 re-sends of the
+/// 800, run by instance `last`. Checks exactly once and the 100 skips; returns when the
+/// foreign transaction was opened.
+async fn open_transaction_then(
+    name: &str,
+    foreign_timeout: Duration,
+    last: &str,
+) -> Result<Instant, Box<dyn std::error::Error>> {
+    let s = setup(name).await?;
     let first = sum::amounts(0, 200, 10);
     sum::produce(s.kafka, &s.input, &first).await?;
     run_until(&s, s.config("a"), 200).await?;
 
     let changelog = format!("{}-txlog", s.group);
-    let _open = leave_transaction_open(s.kafka, &changelog, Duration::from_secs(600));
+    let _open = leave_transaction_open(s.kafka, &changelog, foreign_timeout);
+    let opened = Instant::now();
 
     let second = sum::amounts(200, 800, 10);
     sum::produce(s.kafka, &s.input, &second).await?;
@@ -95,46 +99,34 @@ async fn an_open_foreign_transaction_on_the_changelog_loses_no_state_on_restart(
     assert_eq!(again.len(), 100);
     sum::produce(s.kafka, &s.input, &third).await?;
     sum::produce(s.kafka, &s.input, &again).await?;
-    let stats = run_until(&s, s.config("a"), 1_400).await?;
+    let stats = run_until(&s, s.config(last), 1_400).await?;
 
     let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
     let all: Vec<Amount> = first.iter().chain(&second).chain(&third).cloned().collect();
     sum::assert_exactly_once(&all, &outputs);
     assert_eq!(stats.duplicates_skipped, 100);
+    Ok(opened)
+}
+
+/// A graceful restart of the same instance while the foreign transaction is open. Before
+/// the fix the restart took its own checkpoint (past the open transaction's last stable
+/// offset) for "topic recreated", cleared the partition and rebuilt it only up to the
+/// open transaction: the re-sends were output again and every key's sum was wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_foreign_transaction_on_the_changelog_loses_no_state_on_restart() -> TestResult {
+    open_transaction_then("replay-open-txn", Duration::from_secs(600), "a").await?;
     Ok(())
 }
 
-/// The same, but a new instance (another instance ID, so an empty transaction log) takes
-/// the partition over while the foreign transaction is open. Everything the first owner
-/// committed after that transaction is hidden from `read_committed` until the coordinator
-/// aborts it; replay must wait for it (the group's stable committed offset says how far
-/// the changelog has to reach), not stop at the last stable offset.
+/// A new instance (another instance ID, so an empty transaction log) takes the partition
+/// over while the foreign transaction is open. Everything the first owner committed after
+/// that transaction is hidden from `read_committed` until the coordinator aborts it;
+/// replay must wait for it (the group's stable committed offset says how far the
+/// changelog has to reach), not stop at the last stable offset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_owner_waits_for_an_open_foreign_transaction_before_processing() -> TestResult {
-    let s = setup("replay-takeover").await?;
-    let first = sum::amounts(0, 200, 10);
-    sum::produce(s.kafka, &s.input, &first).await?;
-    run_until(&s, s.config("a"), 200).await?;
-
-    let changelog = format!("{}-txlog", s.group);
     let foreign_timeout = Duration::from_secs(12);
-    let _open = leave_transaction_open(s.kafka, &changelog, foreign_timeout);
-    let opened = Instant::now();
-
-    let second = sum::amounts(200, 800, 10);
-    sum::produce(s.kafka, &s.input, &second).await?;
-    run_until(&s, s.config("a"), 1_000).await?;
-
-    let third = sum::amounts(1_000, 400, 10);
-    let again: Vec<Amount> = second.iter().step_by(8).cloned().collect();
-    sum::produce(s.kafka, &s.input, &third).await?;
-    sum::produce(s.kafka, &s.input, &again).await?;
-    let stats = run_until(&s, s.config("b"), 1_400).await?;
-
-    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
-    let all: Vec<Amount> = first.iter().chain(&second).chain(&third).cloned().collect();
-    sum::assert_exactly_once(&all, &outputs);
-    assert_eq!(stats.duplicates_skipped, 100);
+    let opened = open_transaction_then("replay-takeover", foreign_timeout, "b").await?;
     // It could only be right by waiting for the coordinator to abort the transaction.
     assert!(
         opened.elapsed() >= foreign_timeout,

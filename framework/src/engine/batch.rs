@@ -262,24 +262,22 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         // ID) over the changelog's limit would fail every transaction it is in.
         let writes = writes.into_changes();
         let changelog_limit = limit(self.changelog);
-        let dedup_entry = event_id.as_ref().map(|id| Change::Processed {
-            id: id.clone(),
-            offset: record.offset,
-            processed_at_ms: now_ms,
-        });
-        let oversized = writes
-            .iter()
-            .flat_map(|(_, list)| list)
-            .chain(dedup_entry.as_ref())
-            .map(|change| {
-                let (key, value) = change.encode();
-                (change, key.len() + value.map_or(0, |v| v.len()))
-            })
+        // Sizes only: nothing is encoded (or copied) on this path, which every record takes.
+        let oversized = event_id
+            .as_deref()
+            .map(|id| (FailureClass::EventIdTooLarge, Change::dedup_entry_len(id)))
+            .into_iter()
+            .chain(
+                writes
+                    .iter()
+                    .flat_map(|(_, list)| list)
+                    .map(|change| (FailureClass::StateTooLarge, change.encoded_len())),
+            )
             .find(|(_, size)| *size > changelog_limit);
-        if let Some((change, size)) = oversized {
-            let (class, what) = match change {
-                Change::Processed { .. } => (FailureClass::EventIdTooLarge, "its event ID"),
-                _ => (FailureClass::StateTooLarge, "a state value it wrote"),
+        if let Some((class, size)) = oversized {
+            let what = match class {
+                FailureClass::EventIdTooLarge => "its event ID",
+                _ => "a state value it wrote",
             };
             let error = Error::Encode {
                 what: format!("{what}, as a record of changelog `{}`", self.changelog),

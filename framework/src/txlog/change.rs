@@ -80,6 +80,24 @@ impl Change {
         }
     }
 
+    /// The size of the record [`Change::encode`] makes (key and value), without making it:
+    /// the engine checks it against the changelog's limit for every write of every record.
+    pub(crate) fn encoded_len(&self) -> usize {
+        match self {
+            Change::Processed { id, .. } => Self::dedup_entry_len(id),
+            Change::Expired { id } => EVENT_PREFIX.len() + id.len(),
+            Change::State { key, value } => {
+                STATE_PREFIX.len() + key.len() + value.as_ref().map_or(0, Vec::len)
+            }
+            Change::Progress { .. } => PROGRESS_KEY.len() + 9,
+        }
+    }
+
+    /// The size of the dedup entry of event `id`.
+    pub(crate) fn dedup_entry_len(id: &str) -> usize {
+        EVENT_PREFIX.len() + id.len() + PROCESSED_LEN
+    }
+
     /// Inverse of `encode`. `what` names the record for errors (e.g. "changelog record orders-txlog/2@118").
     pub(crate) fn decode(key: &[u8], value: Option<&[u8]>, what: &str) -> Result<Change> {
         let corrupt = |message: String| Error::Corrupt {
@@ -186,6 +204,11 @@ mod tests {
 
     fn round_trip(change: Change) {
         let (key, value) = change.encode();
+        assert_eq!(
+            change.encoded_len(),
+            key.len() + value.as_ref().map_or(0, Vec::len),
+            "{change:?}"
+        );
         let decoded = Change::decode(&key, value.as_deref(), WHAT).expect("decodes");
         assert_eq!(decoded, change);
     }
