@@ -346,6 +346,21 @@ impl EngineConfig {
                 ),
             );
         }
+        // A batch ends at half the transaction timeout, plus the retries of the record it
+        // was at; it polls only after it: a longer batch is taken out of the group in the
+        // middle of its transaction.
+        let longest_batch = self.transaction_timeout / 2 + self.max_retry_time;
+        if longest_batch >= poll_interval && self.max_retry_time < poll_interval / 2 {
+            bad(
+                "transaction_timeout",
+                format!("{:?}", self.transaction_timeout),
+                &format!(
+                    "one whose half plus max_retry_time ({:?}) is less than max.poll.interval.ms \
+                     ({poll_interval:?}): a batch runs that long without polling",
+                    self.max_retry_time
+                ),
+            );
+        }
         if let Some(factor) = self.changelog_replication_factor
             && factor < 1
         {
@@ -491,6 +506,24 @@ mod tests {
         let problems = long.kafka("max.poll.interval.ms", "60000").problems();
         assert_eq!(problems.len(), 1);
         assert!(problems[0].to_string().contains("60s"), "{}", problems[0]);
+    }
+
+    #[test]
+    fn the_longest_batch_fits_in_the_poll_interval() {
+        let base = EngineConfig::new("k:9092", "billing", "a", "orders", "/tmp/s")
+            .retries(3, Duration::from_secs(1))
+            .kafka("max.poll.interval.ms", "10000");
+        assert!(base.problems().is_empty(), "{:?}", base.problems());
+        let mut long = base.clone();
+        // 9 s of batch and 1 s of a record's retries: the member would be evicted.
+        long.transaction_timeout = Duration::from_secs(18);
+        let problems = long.problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].to_string().contains("transaction_timeout"),
+            "{}",
+            problems[0]
+        );
     }
 
     #[test]

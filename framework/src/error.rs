@@ -3,7 +3,8 @@
 //! Every failure says what the caller should do next: retry the same call
 //! ([`Error::is_retriable`]), abort the open transaction and rewind
 //! ([`Error::requires_abort`]), or stop ([`Error::is_fatal`]). No rdkafka or redb type
-//! appears here: Kafka errors are carried as their librdkafka name and message.
+//! appears here: a Kafka error carries its code as a [`KafkaCode`] (compared as a code,
+//! shown as librdkafka's name) and the call as an [`Operation`].
 
 use std::time::Duration;
 
@@ -18,9 +19,9 @@ pub enum Error {
     #[error("{operation} failed: {message} ({code}){hint}", hint = class.hint())]
     Kafka {
         /// The call that failed, e.g. `commit_transaction` or `create topic orders`.
-        operation: String,
-        /// librdkafka's name for the error, e.g. `PRODUCER_FENCED` or `_TIMED_OUT`.
-        code: String,
+        operation: Operation,
+        /// librdkafka's error code, e.g. `ProducerFenced` or `OperationTimedOut`.
+        code: KafkaCode,
         /// librdkafka's description of the error.
         message: String,
         /// What the caller should do.
@@ -176,7 +177,7 @@ pub enum Error {
         /// The missing ACL: operation and resource, e.g. WRITE on topic `invoices`.
         acl: String,
         /// The call that was refused.
-        operation: String,
+        operation: Operation,
         /// The broker's error.
         detail: String,
     },
@@ -220,6 +221,122 @@ impl ErrorClass {
             ErrorClass::Rejected => "; the record is refused for good",
             ErrorClass::Other => "",
         }
+    }
+}
+
+/// A Kafka error code, as librdkafka reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KafkaCode(pub(crate) Option<rdkafka::types::RDKafkaErrorCode>);
+
+impl KafkaCode {
+    /// A code librdkafka did not give (an error with no code).
+    pub const UNKNOWN: KafkaCode = KafkaCode(None);
+
+    /// librdkafka's name for the code, e.g. `ProducerFenced`.
+    pub fn name(&self) -> String {
+        match self.0 {
+            Some(code) => format!("{code:?}"),
+            None => "Unknown".to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for KafkaCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl From<rdkafka::types::RDKafkaErrorCode> for KafkaCode {
+    fn from(code: rdkafka::types::RDKafkaErrorCode) -> Self {
+        KafkaCode(Some(code))
+    }
+}
+
+/// The Kafka call that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Producing a record to a topic.
+    Produce {
+        /// The topic.
+        topic: String,
+    },
+    /// Creating a topic.
+    CreateTopic {
+        /// The topic.
+        topic: String,
+    },
+    /// Consuming from a topic (a poll).
+    Consume {
+        /// The topic.
+        topic: String,
+    },
+    /// Any other call, described, e.g. `commit_transaction`.
+    Other(String),
+}
+
+impl Operation {
+    pub(crate) fn produce(topic: impl Into<String>) -> Self {
+        Operation::Produce {
+            topic: topic.into(),
+        }
+    }
+
+    pub(crate) fn create_topic(topic: impl Into<String>) -> Self {
+        Operation::CreateTopic {
+            topic: topic.into(),
+        }
+    }
+
+    /// The topic the call named, if it named one.
+    pub fn topic(&self) -> Option<&str> {
+        match self {
+            Operation::Produce { topic }
+            | Operation::CreateTopic { topic }
+            | Operation::Consume { topic } => Some(topic),
+            Operation::Other(text) => {
+                // A described call names its topic in backquotes.
+                let start = text.find('`')? + 1;
+                let end = text[start..].find('`')? + start;
+                Some(&text[start..end])
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Operation::Produce { topic } => write!(f, "produce to `{topic}`"),
+            Operation::CreateTopic { topic } => write!(f, "create topic `{topic}`"),
+            Operation::Consume { topic } => write!(f, "consume `{topic}`"),
+            Operation::Other(text) => f.write_str(text),
+        }
+    }
+}
+
+impl From<String> for Operation {
+    fn from(text: String) -> Self {
+        Operation::Other(text)
+    }
+}
+
+impl From<&str> for Operation {
+    fn from(text: &str) -> Self {
+        Operation::Other(text.to_owned())
+    }
+}
+
+impl From<&Operation> for Operation {
+    fn from(operation: &Operation) -> Self {
+        operation.clone()
+    }
+}
+
+impl From<&String> for Operation {
+    fn from(text: &String) -> Self {
+        Operation::Other(text.clone())
     }
 }
 
@@ -293,12 +410,17 @@ impl Error {
         )
     }
 
-    /// librdkafka's name for a Kafka error, e.g. `PRODUCER_FENCED`.
-    pub fn kafka_code(&self) -> Option<&str> {
+    /// The code of a Kafka error.
+    pub fn kafka_code(&self) -> Option<KafkaCode> {
         match self {
-            Error::Kafka { code, .. } => Some(code),
+            Error::Kafka { code, .. } => Some(*code),
             _ => None,
         }
+    }
+
+    /// Whether this is a Kafka error with `code`.
+    pub(crate) fn has_code(&self, code: rdkafka::types::RDKafkaErrorCode) -> bool {
+        self.kafka_code() == Some(KafkaCode::from(code))
     }
 }
 
@@ -309,7 +431,7 @@ mod tests {
     fn kafka(class: ErrorClass) -> Error {
         Error::Kafka {
             operation: "commit_transaction".into(),
-            code: "PRODUCER_FENCED".into(),
+            code: rdkafka::types::RDKafkaErrorCode::ProducerFenced.into(),
             message: "fenced".into(),
             class,
         }
@@ -346,7 +468,7 @@ mod tests {
         let text = kafka(ErrorClass::Fatal).to_string();
         assert_eq!(
             text,
-            "commit_transaction failed: fenced (PRODUCER_FENCED); fatal: this client cannot go on"
+            "commit_transaction failed: fenced (ProducerFenced); fatal: this client cannot go on"
         );
     }
 }

@@ -129,8 +129,8 @@ pub(crate) struct FakePending(std::result::Result<(i32, i64), String>);
 impl Landing for FakePending {
     fn landed(self) -> impl Future<Output = Result<(i32, i64)>> + Send {
         std::future::ready(self.0.map_err(|message| Error::Kafka {
-            operation: "produce (fake)".into(),
-            code: "MessageSizeTooLarge".into(),
+            operation: crate::Operation::produce("fake"),
+            code: rdkafka::types::RDKafkaErrorCode::MessageSizeTooLarge.into(),
             message,
             class: crate::ErrorClass::Rejected,
         }))

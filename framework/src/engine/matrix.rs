@@ -182,7 +182,7 @@ fn shape(calls: &[Call]) -> Vec<String> {
 fn kafka_error(class: ErrorClass) -> impl Fn() -> Error + Send + 'static {
     move || Error::Kafka {
         operation: "fake".into(),
-        code: "Injected".into(),
+        code: crate::KafkaCode::UNKNOWN,
         message: "injected".into(),
         class,
     }

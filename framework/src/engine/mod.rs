@@ -60,7 +60,7 @@ mod seams;
 mod startup;
 mod stats;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use tracing::Instrument;
@@ -68,7 +68,9 @@ use tracing::Instrument;
 pub use stats::{Phase, Shutdown, Stats, StatsSnapshot};
 
 use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
-use crate::kafka::{self, ClientOptions, InputConsumer, Isolation, OutputProducer, Rebalanced};
+use crate::kafka::{
+    self, ClientOptions, InputConsumer, Isolation, OutputProducer, Polled, Rebalanced,
+};
 use crate::processor::Processor;
 use crate::txlog::{self, Opened, TxLog};
 use crate::{Error, Result};
@@ -238,6 +240,7 @@ impl Engine {
             changelog: &changelog,
             txlog: &txlog,
             stats: &self.stats,
+            held: std::sync::Mutex::default(),
         };
         let parts = Parts {
             config: &config,
@@ -260,36 +263,24 @@ impl Engine {
             if self.shutdown.is_triggered() {
                 break Ok(());
             }
-            let polled = match consumer
-                .poll(config.max_batch_records, config.commit_interval)
-                .await
-            {
-                Ok(polled) => polled,
-                Err(error) if error.is_fatal() => break Err(error),
-                Err(error) => {
-                    tracing::warn!(%error, "poll failed; polling again");
-                    continue;
-                }
-            };
-            let mut replay_failed = None;
-            for event in polled.rebalances {
-                match event {
-                    Rebalanced::Revoked(partitions) => {
-                        for partition in partitions {
-                            owned.remove(&partition);
-                        }
+            // What the polls of a held consumer brought comes first (rebalances served
+            // while catching up or backing off).
+            let mut polled = resync.take_held();
+            if polled.rebalances.is_empty() && polled.records.is_empty() {
+                polled = match consumer
+                    .poll(config.max_batch_records, config.commit_interval)
+                    .await
+                {
+                    Ok(polled) => polled,
+                    Err(error) if error.is_fatal() => break Err(error),
+                    Err(error) => {
+                        tracing::warn!(%error, "poll failed; polling again");
+                        continue;
                     }
-                    Rebalanced::Assigned(partitions) => {
-                        self.stats.set_phase(Phase::Replaying);
-                        if let Err(error) = resync.catch_up(&consumer, &partitions).await {
-                            replay_failed = Some(error);
-                            break;
-                        }
-                        owned.extend(partitions);
-                    }
-                }
+                };
             }
-            if let Some(error) = replay_failed {
+            if let Err(error) = follow_rebalances(&resync, &consumer, &mut owned, &mut polled).await
+            {
                 break Err(error);
             }
             self.stats.set_phase(Phase::Running);
@@ -354,7 +345,9 @@ impl Engine {
                     "batch aborted and rewound; going on"
                 );
             }
-            tokio::time::sleep(delay).await;
+            if let Err(stop) = resync.pause_for(&consumer, delay).await {
+                break Err(stop);
+            }
         };
 
         if let Err(error) = consumer.close().await {
@@ -366,6 +359,38 @@ impl Engine {
         tracing::info!(?snapshot, result = ?outcome.as_ref().map(|_| ()), "engine stopped");
         outcome.map(|()| snapshot)
     }
+}
+
+/// Acts on the rebalances `polled` reports, in order, and on those served while catching
+/// up: a revoked partition is forgotten with its records; an assigned one is caught up
+/// with the group's committed offsets before any of its records is processed.
+async fn follow_rebalances(
+    resync: &Resync<'_>,
+    consumer: &InputConsumer,
+    owned: &mut BTreeSet<i32>,
+    polled: &mut Polled,
+) -> Result<()> {
+    let mut events: VecDeque<Rebalanced> = std::mem::take(&mut polled.rebalances).into();
+    while let Some(event) = events.pop_front() {
+        match event {
+            Rebalanced::Revoked(partitions) => {
+                owned.retain(|p| !partitions.contains(p));
+                polled
+                    .records
+                    .retain(|r| !partitions.contains(&r.partition));
+            }
+            Rebalanced::Assigned(partitions) => {
+                Stats::add(&resync.stats.assignments, 1);
+                resync.stats.set_phase(Phase::Replaying);
+                resync.catch_up(consumer, &partitions).await?;
+                owned.extend(partitions);
+                let held = resync.take_held();
+                polled.records.extend(held.records);
+                events.extend(held.rebalances);
+            }
+        }
+    }
+    Ok(())
 }
 
 pub(super) async fn new_producer(

@@ -9,9 +9,14 @@
 //!   instance still owns it (its consumer was not fenced by a successor).
 //! - Records go one per transaction only after a refusal, and only until the refused
 //!   record is found; it is handled per `on_error`, never retried for ever.
+//! - Work that does not poll (catching up, back-off) runs with the consumer held: its
+//!   partitions paused and polled twice a second, so the member stays in the group past
+//!   `max.poll.interval.ms`. Never while a transaction is open: a rebalance is served
+//!   only between transactions. What those polls bring waits in [`Resync::take_held`].
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::stats::{Phase, Stats};
@@ -25,11 +30,14 @@ use crate::{Error, Result};
 
 /// Failed batches in a row after which the engine looks for the record that fails them.
 pub(super) const ISOLATE_AFTER: u32 = 2;
+/// How often a held consumer is polled: far inside any `max.poll.interval.ms` librdkafka
+/// accepts with the broker's smallest session timeout (6 s by default).
+const KEEP_ALIVE_EVERY: Duration = Duration::from_millis(500);
 
 /// The pause after the `failures`-th failed batch in a row: 100 ms, doubling, at most 5 s.
-pub(super) fn abort_backoff(failures: u32) -> std::time::Duration {
+pub(super) fn abort_backoff(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(6);
-    std::time::Duration::from_millis(100 * (1 << doublings)).min(std::time::Duration::from_secs(5))
+    Duration::from_millis(100 * (1 << doublings)).min(Duration::from_secs(5))
 }
 
 /// What a batch needs besides the producer, which recovery may replace between two.
@@ -90,6 +98,7 @@ pub(super) async fn isolate<P: Processor>(
             .run(processor, vec![record.clone()])
             .await;
         let Err(error) = alone else { continue };
+
         let class = match &error {
             e if e.is_rejection() => dead_letters::FailureClass::Rejected,
             Error::TransactionTimedOut { .. } => dead_letters::FailureClass::TransactionTimeout,
@@ -98,6 +107,12 @@ pub(super) async fn isolate<P: Processor>(
         Stats::add(&parts.stats.aborts, 1);
         if let Err(stop) = recover(resync, parts.consumer, producer, owned, &error).await {
             return Some(Failed::Stop(stop));
+        }
+        if resync.rebalanced_meanwhile() {
+            // The record's partition may be someone else's now: its transaction would be
+            // refused. Whoever owns it next finds the record the same way.
+            tracing::info!(%error, "rebalanced while recovering; the records come again");
+            return Some(Failed::Isolated);
         }
         tracing::warn!(
             %error,
@@ -143,6 +158,9 @@ pub(super) struct Resync<'a> {
     pub(super) changelog: &'a str,
     pub(super) txlog: &'a Arc<TxLog>,
     pub(super) stats: &'a Arc<Stats>,
+    /// What the polls of a held consumer brought (rebalances, in order, and any record),
+    /// for the engine's loop to act on before it polls again.
+    pub(super) held: Mutex<kafka::Polled>,
 }
 
 /// Undoes a failed batch: aborts its transaction (recreating the producer when the abort
@@ -162,11 +180,40 @@ pub(super) async fn recover(
     owned: &BTreeSet<i32>,
     cause: &Error,
 ) -> Result<()> {
+    // An abort, a new producer and a replay can each take long: the consumer is held
+    // through them (the transaction is over, or being aborted: nothing commits meanwhile).
+    let undone = resync
+        .holding(consumer, undo(resync, consumer, producer, owned, cause))
+        .await?;
+    let Some(mut committed) = undone else {
+        return Ok(());
+    };
+    // A partition revoked while catching up is not sought (its new owner reads from the
+    // committed offset; the engine's loop forgets it).
+    if resync.rebalanced_meanwhile() {
+        let assigned = consumer.assigned().await?;
+        committed.retain(|(partition, _)| assigned.contains(partition));
+    }
+    retry_transient("seek to the committed offsets", || {
+        consumer.seek(committed.clone())
+    })
+    .await
+}
+
+/// [`recover`] until the seek: returns where each owned partition must go on from
+/// (`None`: nowhere to move, the instance was fenced or delivers at most once).
+async fn undo(
+    resync: &Resync<'_>,
+    consumer: &InputConsumer,
+    producer: &mut OutputProducer,
+    owned: &BTreeSet<i32>,
+    cause: &Error,
+) -> Result<Option<Vec<(i32, Option<i64>)>>> {
     let Resync {
         options, config, ..
     } = resync;
     if matches!(cause, Error::Fenced { .. }) {
-        return Ok(());
+        return Ok(None);
     }
     if let Error::TransactionTimedOut { .. } = cause {
         // The coordinator aborted the transaction and bumped the producer's epoch: this
@@ -198,14 +245,10 @@ pub(super) async fn recover(
     if config.delivery == DeliveryMode::AtMostOnce {
         // The batch's offsets were committed before it was processed: at most once means
         // it is not processed again.
-        return Ok(());
+        return Ok(None);
     }
     let owned: Vec<i32> = owned.iter().copied().collect();
-    let committed = resync.catch_up(consumer, &owned).await?;
-    retry_transient("seek to the committed offsets", || {
-        consumer.seek(committed.clone())
-    })
-    .await
+    resync.catch_up_now(consumer, &owned).await.map(Some)
 }
 
 impl Resync<'_> {
@@ -214,6 +257,73 @@ impl Resync<'_> {
     /// offsets is waited for), then replays each partition's changelog until its progress
     /// records reach them. Returns the committed offsets.
     pub(super) async fn catch_up(
+        &self,
+        consumer: &InputConsumer,
+        partitions: &[i32],
+    ) -> Result<Vec<(i32, Option<i64>)>> {
+        self.holding(consumer, self.catch_up_now(consumer, partitions))
+            .await
+    }
+
+    /// Waits `delay` (back-off after a failed batch) with the consumer held.
+    pub(super) async fn pause_for(&self, consumer: &InputConsumer, delay: Duration) -> Result<()> {
+        self.holding(consumer, async {
+            tokio::time::sleep(delay).await;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Takes what the polls of a held consumer brought.
+    pub(super) fn take_held(&self) -> kafka::Polled {
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Whether a held consumer served a rebalance that the engine has not taken yet.
+    pub(super) fn rebalanced_meanwhile(&self) -> bool {
+        !self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rebalances
+            .is_empty()
+    }
+
+    /// Runs `work` with the consumer held (see the module's invariants): the member stays
+    /// in the group however long `work` takes. No transaction may be open.
+    async fn holding<T>(
+        &self,
+        consumer: &InputConsumer,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        consumer.hold().await?;
+        let outcome = {
+            let mut work = std::pin::pin!(work);
+            let mut ticks = tokio::time::interval(KEEP_ALIVE_EVERY);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    outcome = &mut work => break outcome,
+                    _ = ticks.tick() => match consumer.keep_alive().await {
+                        Ok(polled) => {
+                            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+                            held.records.extend(polled.records);
+                            held.rebalances.extend(polled.rebalances);
+                        }
+                        // Fenced or fatal: the instance stops; the work's result no
+                        // longer matters.
+                        Err(error) => break Err(error),
+                    },
+                }
+            }
+        };
+        let released = consumer.release().await;
+        let value = outcome?;
+        released?;
+        Ok(value)
+    }
+
+    async fn catch_up_now(
         &self,
         consumer: &InputConsumer,
         partitions: &[i32],

@@ -120,7 +120,9 @@ async fn create(
 ) -> Result<()> {
     tracing::info!(topic, partitions, "creating topic");
     match kafka::create_topic(options, topic, partitions, configs, METADATA_TIMEOUT).await {
-        Err(Error::Kafka { code, .. }) if code == "TopicAlreadyExists" => Ok(()),
+        Err(error) if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {
+            Ok(())
+        }
         other => other,
     }
 }

@@ -16,6 +16,7 @@ pub struct Stats {
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) skipped: AtomicU64,
     pub(crate) without_event_id: AtomicU64,
+    pub(crate) assignments: AtomicU64,
     phase: AtomicU8,
 }
 
@@ -61,6 +62,10 @@ pub struct StatsSnapshot {
     /// Inputs processed without an event ID (none, or an empty one), so not
     /// deduplicated by ID, in committed batches.
     pub without_event_id: u64,
+    /// Rebalances that gave this instance partitions (each is followed by a changelog
+    /// replay). One per start in a stable group: more mean the member was taken out of
+    /// the group and joined again.
+    pub assignments: u64,
 }
 
 impl Stats {
@@ -78,6 +83,7 @@ impl Stats {
             dead_lettered: get(&self.dead_lettered),
             skipped: get(&self.skipped),
             without_event_id: get(&self.without_event_id),
+            assignments: get(&self.assignments),
         }
     }
 

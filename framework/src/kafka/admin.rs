@@ -22,7 +22,7 @@ pub(crate) async fn create_topic(
     configs: &[(&str, &str)],
     timeout: Duration,
 ) -> Result<()> {
-    let operation = format!("create topic `{name}`");
+    let operation = crate::Operation::create_topic(name);
     let admin: AdminClient<DefaultClientContext> = options
         .config(&[])
         .create()
@@ -55,8 +55,8 @@ pub(crate) async fn create_topic(
     for result in results {
         if let Err((topic, code)) = result {
             return Err(Error::Kafka {
-                operation: format!("create topic `{topic}`"),
-                code: format!("{code:?}"),
+                operation: crate::Operation::create_topic(topic),
+                code: code.into(),
                 message: code.to_string(),
                 class: crate::error::ErrorClass::Other,
             });
@@ -135,7 +135,7 @@ pub(crate) async fn probe(options: &ClientOptions, topic: &str, timeout: Duratio
             timeout,
         )
         .await
-        .map_err(|(e, _)| kafka_error(format!("produce to `{topic}`"), e))?;
+        .map_err(|(e, _)| kafka_error(crate::Operation::produce(topic), e))?;
     Ok(())
 }
 

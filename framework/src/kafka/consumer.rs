@@ -5,7 +5,15 @@
 //! open transaction is committed before partitions are revoked" holds, by construction.
 //! The protocol is eager (librdkafka's default assignors): a rebalance revokes every
 //! partition, and the engine replays the changelog of every partition it is then given.
+//!
+//! Work that keeps the engine from polling for long (a replay, a wait for an open
+//! transaction, back-off) happens while the consumer is *held*: every assigned partition
+//! paused, so polls return no records, and polled regularly anyway, so librdkafka does
+//! not take the member out of the group when `max.poll.interval.ms` passes. Partitions
+//! assigned while held are paused in the callback itself; a partition is resumed when it
+//! is assigned while not held, so none can stay paused by a hold it outlived.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,6 +37,8 @@ pub(crate) enum Rebalanced {
 #[derive(Default)]
 pub(crate) struct RebalanceLog {
     events: Mutex<Vec<Rebalanced>>,
+    /// The consumer is held (see the module's documentation): pause what is assigned.
+    holding: AtomicBool,
 }
 
 impl ClientContext for RebalanceLog {
@@ -68,8 +78,19 @@ impl ConsumerContext for RebalanceLog {
         }
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(list) = rebalance {
+            // librdkafka keeps a partition's pause across revocation and assignment.
+            let paused = if self.holding.load(Ordering::SeqCst) {
+                consumer.pause(list)
+            } else {
+                consumer.resume(list)
+            };
+            if let Err(error) = paused {
+                // Not expected for partitions just assigned; the engine's next hold or
+                // release sets them again.
+                tracing::warn!(%error, "pausing or resuming newly assigned partitions");
+            }
             self.push(Rebalanced::Assigned(partitions(list)));
         }
     }
@@ -96,6 +117,30 @@ fn statistics_interval(options: &ClientOptions) -> &str {
 
 fn partitions(list: &TopicPartitionList) -> Vec<i32> {
     list.elements().iter().map(|e| e.partition()).collect()
+}
+
+/// What a consumer error in a poll means: `Some` error that stops the instance (fenced,
+/// fatal), or `None` after saying what happened (the poll goes on).
+fn stopping(error: KafkaError, topic: &str, instance_id: &str) -> Option<crate::Error> {
+    if let KafkaError::PartitionEOF(_) = error {
+        // Routine; the engine's own consumer does not ask for it.
+        return None;
+    }
+    let consume = crate::Operation::Consume {
+        topic: topic.to_owned(),
+    };
+    let error = kafka_error(consume, error);
+    if error.has_code(rdkafka::types::RDKafkaErrorCode::FencedInstanceId) {
+        return Some(crate::Error::Fenced {
+            what: format!("group.instance.id `{instance_id}`"),
+            detail: error.to_string(),
+        });
+    }
+    if error.is_fatal() {
+        return Some(error);
+    }
+    tracing::warn!(%error, "consumer error during a poll; going on with what was gathered");
+    None
 }
 
 /// One poll's worth of input.
@@ -192,21 +237,13 @@ impl InputConsumer {
                     // Routine; the engine's own consumer does not ask for it.
                     Some(Err(KafkaError::PartitionEOF(_))) => {}
                     Some(Err(error)) => {
-                        let error = kafka_error(format!("consume `{topic}`"), error);
-                        if error.kafka_code() == Some("FencedInstanceId") {
-                            return Err(crate::Error::Fenced {
-                                what: format!("group.instance.id `{instance_id}`"),
-                                detail: error.to_string(),
-                            });
-                        }
-                        if error.is_fatal() {
-                            return Err(error);
-                        }
                         // librdkafka's position is already past the records gathered so
                         // far: returning the error without them would lose them (the next
-                        // batch would commit beyond). Keep them, say what happened, and
-                        // let the engine process them.
-                        tracing::warn!(%error, gathered = polled.records.len(), "consumer error during a poll; keeping what was gathered");
+                        // batch would commit beyond). Keep them and let the engine
+                        // process them.
+                        if let Some(stop) = stopping(error, &topic, &instance_id) {
+                            return Err(stop);
+                        }
                         if !polled.records.is_empty() {
                             break;
                         }
@@ -217,6 +254,88 @@ impl InputConsumer {
                 }
             }
             Ok(polled)
+        })
+        .await
+    }
+
+    /// Holds the consumer (see the module's documentation): pauses every assigned
+    /// partition, and every one assigned until [`InputConsumer::release`]. Call
+    /// [`InputConsumer::keep_alive`] well within `max.poll.interval.ms` meanwhile.
+    pub(crate) async fn hold(&self) -> Result<()> {
+        self.set_held(true).await
+    }
+
+    /// Polls a held consumer, so its member stays in the group: returns the rebalances
+    /// it served (a partition assigned now is paused too) and any record it returned
+    /// (none is expected while everything is paused; one that comes is kept, in order).
+    /// Fails only with a fatal error (fenced, for one).
+    pub(crate) async fn keep_alive(&self) -> Result<Polled> {
+        let consumer = Arc::clone(&self.consumer);
+        let topic = self.topic.clone();
+        let instance_id = self.instance_id.clone();
+        blocking("poll", move || {
+            let mut polled = Polled::default();
+            // Every queued event, not only the first; bounded, a poll is not the work.
+            for _ in 0..100 {
+                let message = consumer.poll(Duration::ZERO);
+                polled.rebalances.extend(consumer.context().take());
+                match message {
+                    None => break,
+                    Some(Ok(message)) => polled.records.push(to_record(&message)),
+                    Some(Err(error)) => {
+                        if let Some(stop) = stopping(error, &topic, &instance_id) {
+                            return Err(stop);
+                        }
+                    }
+                }
+            }
+            for event in &polled.rebalances {
+                if let Rebalanced::Revoked(revoked) = event {
+                    polled.records.retain(|r| !revoked.contains(&r.partition));
+                }
+            }
+            Ok(polled)
+        })
+        .await
+    }
+
+    /// Ends a hold: resumes every assigned partition, whose fetching goes on from the
+    /// position the application reached (or, for one it never read, the committed offset).
+    pub(crate) async fn release(&self) -> Result<()> {
+        self.set_held(false).await
+    }
+
+    /// Starts or ends a hold: pauses or resumes every assigned partition.
+    async fn set_held(&self, held: bool) -> Result<()> {
+        let consumer = Arc::clone(&self.consumer);
+        let what = if held {
+            "pause the input"
+        } else {
+            "resume the input"
+        };
+        blocking(what, move || {
+            consumer.context().holding.store(held, Ordering::SeqCst);
+            let assigned = consumer
+                .assignment()
+                .map_err(|e| kafka_error("read the assignment", e))?;
+            let done = if held {
+                consumer.pause(&assigned)
+            } else {
+                consumer.resume(&assigned)
+            };
+            done.map_err(|e| kafka_error(what, e))
+        })
+        .await
+    }
+
+    /// The partitions assigned now.
+    pub(crate) async fn assigned(&self) -> Result<Vec<i32>> {
+        let consumer = Arc::clone(&self.consumer);
+        blocking("read the assignment", move || {
+            let assigned = consumer
+                .assignment()
+                .map_err(|e| kafka_error("read the assignment", e))?;
+            Ok(partitions(&assigned))
         })
         .await
     }
@@ -307,7 +426,9 @@ impl InputConsumer {
                 detail: reason,
             },
             code => kafka_error(
-                format!("consume `{}`", self.topic),
+                crate::Operation::Consume {
+                    topic: self.topic.clone(),
+                },
                 KafkaError::MessageConsumptionFatal(code),
             ),
         })

@@ -177,7 +177,7 @@ pub(crate) fn replay_dead_letters(
             }
             producer
                 .send(record)
-                .map_err(|(e, _)| kafka_error(format!("produce to `{target}`"), e))?;
+                .map_err(|(e, _)| kafka_error(crate::Operation::produce(&target), e))?;
             replayed += 1;
         }
         let mut offsets = TopicPartitionList::new();

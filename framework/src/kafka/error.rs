@@ -4,11 +4,11 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::security;
 use crate::Error;
-use crate::error::ErrorClass;
+use crate::error::{ErrorClass, KafkaCode, Operation};
 use crate::redact;
 
 /// Translates an rdkafka error raised by `operation`.
-pub(crate) fn kafka_error(operation: impl Into<String>, error: KafkaError) -> Error {
+pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) -> Error {
     let operation = operation.into();
     if let KafkaError::ClientConfig(_, description, key, value) = &error {
         // rdkafka's message echoes the value, which may be a password or a private key.
@@ -35,7 +35,7 @@ pub(crate) fn kafka_error(operation: impl Into<String>, error: KafkaError) -> Er
         };
         return Error::Kafka {
             operation,
-            code: format!("{:?}", rd.code()),
+            code: rd.code().into(),
             message: rd.string(),
             class,
         };
@@ -45,14 +45,14 @@ pub(crate) fn kafka_error(operation: impl Into<String>, error: KafkaError) -> Er
         // librdkafka raised it as fatal: the consumer cannot go on, however often polled.
         return Error::Kafka {
             operation,
-            code: format!("{code:?}"),
+            code: (*code).into(),
             message: error.to_string(),
             class: ErrorClass::Fatal,
         };
     }
     Error::Kafka {
         operation,
-        code: code.map_or_else(|| "UNKNOWN".to_owned(), |code| format!("{code:?}")),
+        code: code.map_or(KafkaCode::UNKNOWN, KafkaCode::from),
         message: error.to_string(),
         class: code.map_or(ErrorClass::Other, classify_code),
     }
@@ -122,7 +122,10 @@ mod tests {
             KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced),
         );
         assert!(fenced.is_fatal(), "{fenced}");
-        assert_eq!(fenced.kafka_code(), Some("ProducerFenced"));
+        assert!(
+            fenced.has_code(RDKafkaErrorCode::ProducerFenced),
+            "{fenced}"
+        );
         let timeout = kafka_error(
             "metadata",
             KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut),
@@ -137,7 +140,8 @@ mod tests {
             RDKafkaErrorCode::GroupAuthorizationFailed,
             RDKafkaErrorCode::SaslAuthenticationFailed,
         ] {
-            let error = kafka_error("produce to `x`", KafkaError::MessageProduction(code));
+            let produce = Operation::Produce { topic: "x".into() };
+            let error = kafka_error(produce, KafkaError::MessageProduction(code));
             assert!(error.is_fatal() && !error.is_retriable(), "{error}");
         }
     }

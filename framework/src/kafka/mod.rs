@@ -22,7 +22,7 @@ mod write;
 pub(crate) use admin::{alter_topic_config, probe};
 pub(crate) use admin::{create_topic, partition_count, replica_count, topic_config};
 pub(crate) use blocking::blocking;
-pub(crate) use consumer::{InputConsumer, Rebalanced};
+pub(crate) use consumer::{InputConsumer, Polled, Rebalanced};
 pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
 pub(crate) use error::kafka_error;
 pub(crate) use producer::{OutputProducer, Pending};

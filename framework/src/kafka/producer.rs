@@ -30,7 +30,7 @@ impl Pending {
     pub(crate) async fn landed(self) -> Result<(i32, i64)> {
         match self.delivery.await {
             Ok(Ok(delivery)) => Ok((delivery.partition, delivery.offset)),
-            Ok(Err((error, _))) => Err(kafka_error(format!("produce to `{}`", self.topic), error)),
+            Ok(Err((error, _))) => Err(kafka_error(crate::Operation::produce(&self.topic), error)),
             Err(_) => Err(Error::Broker(format!(
                 "the producer of `{}` went away",
                 self.topic
@@ -103,12 +103,12 @@ impl OutputProducer {
         })
     }
 
-    fn classify(&self, operation: &str, error: KafkaError) -> Error {
+    fn classify(&self, operation: impl Into<crate::Operation>, error: KafkaError) -> Error {
         let translated = kafka_error(operation, error);
-        let fenced = matches!(
-            translated.kafka_code(),
-            Some("Fenced" | "ProducerFenced" | "InvalidProducerEpoch")
-        );
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let fenced = [C::Fenced, C::ProducerFenced, C::InvalidProducerEpoch]
+            .into_iter()
+            .any(|code| translated.has_code(code));
         match (&self.transactional_id, fenced) {
             (Some(id), true) => Error::Fenced {
                 what: format!("transactional.id `{id}`"),
@@ -167,7 +167,7 @@ impl OutputProducer {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err((error, _)) => {
-                    return Err(self.classify(&format!("produce to `{topic}`"), error));
+                    return Err(self.classify(crate::Operation::produce(topic), error));
                 }
             }
         }

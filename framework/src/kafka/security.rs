@@ -138,13 +138,6 @@ pub(crate) struct Resources {
     pub(crate) writes: Vec<String>,
 }
 
-/// The first name in backquotes in `text`.
-fn quoted(text: &str) -> Option<&str> {
-    let start = text.find('`')? + 1;
-    let end = text[start..].find('`')? + start;
-    Some(&text[start..end])
-}
-
 /// Turns a Kafka error with an authorization code into [`Error::Unauthorized`], naming
 /// the ACL the principal lacks; any other error is returned as it is.
 pub(crate) fn explain(error: Error, options: &ClientOptions, names: &Resources) -> Error {
@@ -157,24 +150,19 @@ pub(crate) fn explain(error: Error, options: &ClientOptions, names: &Resources) 
     else {
         return error;
     };
-    let acl = match code.as_str() {
-        "TopicAuthorizationFailed" => {
-            let named = quoted(operation);
-            if operation.starts_with("produce to") {
-                format!("WRITE on topic `{}`", named.unwrap_or("?"))
-            } else if operation.starts_with("create topic") {
-                format!(
-                    "CREATE on topic `{}` (or on the cluster)",
-                    named.unwrap_or("?")
-                )
-            } else if operation.contains("consume") || operation.contains("poll") {
-                format!("READ on topic `{}`", names.input)
-            } else if let Some(topic) = named {
-                format!("DESCRIBE (and READ or WRITE) on topic `{topic}`")
-            } else {
+    use crate::Operation as Op;
+    use RDKafkaErrorCode as C;
+    let Some(code) = code.0 else { return error };
+    let acl = match code {
+        C::TopicAuthorizationFailed => match operation {
+            Op::Produce { topic } => format!("WRITE on topic `{topic}`"),
+            Op::CreateTopic { topic } => format!("CREATE on topic `{topic}` (or on the cluster)"),
+            Op::Consume { .. } => format!("READ on topic `{}`", names.input),
+            other => match other.topic() {
+                Some(topic) => format!("DESCRIBE (and READ or WRITE) on topic `{topic}`"),
                 // Adding partitions to a transaction is refused for all of them at once:
                 // the broker does not say which topic it was.
-                format!(
+                None => format!(
                     "WRITE on topic {} (one of the topics its transactions write; the broker \
                      does not say which)",
                     names
@@ -183,15 +171,15 @@ pub(crate) fn explain(error: Error, options: &ClientOptions, names: &Resources) 
                         .map(|t| format!("`{t}`"))
                         .collect::<Vec<_>>()
                         .join(", ")
-                )
-            }
-        }
-        "GroupAuthorizationFailed" => format!("READ on group `{}`", names.group),
-        "TransactionalIdAuthorizationFailed" => format!(
+                ),
+            },
+        },
+        C::GroupAuthorizationFailed => format!("READ on group `{}`", names.group),
+        C::TransactionalIdAuthorizationFailed => format!(
             "WRITE on transactional ID `{}`",
             names.transactional_id.as_deref().unwrap_or("?")
         ),
-        "ClusterAuthorizationFailed" => {
+        C::ClusterAuthorizationFailed => {
             "IDEMPOTENT_WRITE on the cluster (or WRITE on a topic it writes)".to_owned()
         }
         _ => return error,
@@ -223,9 +211,9 @@ mod tests {
     use super::*;
     use crate::error::ErrorClass;
 
-    fn denied(operation: &str, code: &str) -> Error {
+    fn denied(operation: crate::Operation, code: RDKafkaErrorCode) -> Error {
         Error::Kafka {
-            operation: operation.into(),
+            operation,
             code: code.into(),
             message: "Broker: authorization failed".into(),
             class: ErrorClass::Fatal,
@@ -253,28 +241,35 @@ mod tests {
         );
         let cases = [
             (
-                "produce to `invoices`",
-                "TopicAuthorizationFailed",
+                crate::Operation::produce("invoices"),
+                RDKafkaErrorCode::TopicAuthorizationFailed,
                 "WRITE on topic `invoices`",
             ),
             (
-                "commit_transaction",
-                "TopicAuthorizationFailed",
+                crate::Operation::Consume {
+                    topic: "orders".into(),
+                },
+                RDKafkaErrorCode::TopicAuthorizationFailed,
+                "READ on topic `orders`",
+            ),
+            (
+                "commit_transaction".into(),
+                RDKafkaErrorCode::TopicAuthorizationFailed,
                 "`invoices`, `billing-txlog`",
             ),
             (
-                "init_transactions",
-                "TransactionalIdAuthorizationFailed",
+                "init_transactions".into(),
+                RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
                 "WRITE on transactional ID `billing-a`",
             ),
             (
-                "poll",
-                "GroupAuthorizationFailed",
+                "poll".into(),
+                RDKafkaErrorCode::GroupAuthorizationFailed,
                 "READ on group `billing`",
             ),
             (
-                "init_transactions",
-                "ClusterAuthorizationFailed",
+                "init_transactions".into(),
+                RDKafkaErrorCode::ClusterAuthorizationFailed,
                 "IDEMPOTENT_WRITE on the cluster",
             ),
         ];
@@ -287,7 +282,11 @@ mod tests {
             assert!(text.contains("User:alice"), "{text}");
             assert!(!text.contains("hunter2"), "{text}");
         }
-        let other = explain(denied("poll", "NotCoordinator"), &options, &names());
+        let other = explain(
+            denied("poll".into(), RDKafkaErrorCode::NotCoordinator),
+            &options,
+            &names(),
+        );
         assert!(matches!(other, Error::Kafka { .. }));
     }
 

@@ -56,7 +56,7 @@ pub(crate) async fn produce(
     for delivery in pending {
         match delivery.await {
             Ok(Ok(delivered)) => positions.push((delivered.partition, delivered.offset)),
-            Ok(Err((e, _))) => return Err(kafka_error(format!("produce to `{topic}`"), e)),
+            Ok(Err((e, _))) => return Err(kafka_error(crate::Operation::produce(topic), e)),
             Err(_cancelled) => {
                 return Err(crate::Error::Broker(format!(
                     "the producer for `{topic}` went away before acknowledging a record"

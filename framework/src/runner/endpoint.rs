@@ -115,6 +115,7 @@ fn render(stats: &Stats, handle: &PrometheusHandle) -> String {
         ("onceflow_aborts_total", s.aborts),
         ("onceflow_replayed_records_total", s.replayed_records),
         ("onceflow_expired_entries_total", s.expired_entries),
+        ("onceflow_assignments_total", s.assignments),
     ] {
         metrics::counter!(name).absolute(value);
     }
@@ -172,6 +173,11 @@ fn describe() {
         "Changelog records replayed into the transaction log"
     );
     describe_counter!("onceflow_expired_entries_total", "Dedup entries expired");
+    describe_counter!(
+        "onceflow_assignments_total",
+        "Rebalances that gave this instance partitions (more than one per start: the member \
+         left the group and joined again)"
+    );
     describe_histogram!(
         "onceflow_commit_seconds",
         Unit::Seconds,

@@ -193,7 +193,8 @@ pub(super) async fn wait_ready(kafka: &Kafka, timeout: Duration) -> Result<()> {
     loop {
         let attempt = async {
             match client::create_topic(&kafka.options, PROBE_TOPIC, 1, &[], attempt_timeout).await {
-                Err(Error::Kafka { code, .. }) if code == "TopicAlreadyExists" => {}
+                Err(error)
+                    if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {}
                 other => other?,
             }
             client::probe(&kafka.options, PROBE_TOPIC, attempt_timeout).await
