@@ -119,6 +119,63 @@ fn partitions(list: &TopicPartitionList) -> Vec<i32> {
     list.elements().iter().map(|e| e.partition()).collect()
 }
 
+/// What one call of librdkafka's poll gives: a record, an error or nothing, and the
+/// rebalances its callbacks served (before the record: librdkafka discards records of
+/// revoked partitions, so a record it returns belongs to the current assignment).
+type PollOnce = (
+    Option<std::result::Result<Record, KafkaError>>,
+    Vec<Rebalanced>,
+);
+
+/// One batch's worth of polls: until `max_records` records, `max_wait`, or a rebalance,
+/// whichever comes first. Records gathered before a revocation of their partition are
+/// dropped (whoever owns it next reads them again from the committed offset). A consumer
+/// error never drops what was gathered: librdkafka's position is already past it, so
+/// returning the error without it would lose it (the next batch would commit beyond). Only
+/// a fatal error (or being fenced) is returned.
+fn gather(
+    mut poll_once: impl FnMut(Duration) -> PollOnce,
+    max_records: usize,
+    max_wait: Duration,
+    topic: &str,
+    instance_id: &str,
+) -> Result<Polled> {
+    let deadline = Instant::now() + max_wait;
+    let mut polled = Polled::default();
+    while polled.records.len() < max_records {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let (message, rebalances) = poll_once(left.min(Duration::from_millis(50)));
+        for event in &rebalances {
+            if let Rebalanced::Revoked(revoked) = event {
+                polled.records.retain(|r| !revoked.contains(&r.partition));
+            }
+        }
+        let rebalanced = !rebalances.is_empty();
+        polled.rebalances.extend(rebalances);
+        match message {
+            None => {}
+            Some(Ok(record)) => polled.records.push(record),
+            Some(Err(error)) => {
+                if let Some(stop) = stopping(error, topic, instance_id) {
+                    return Err(stop);
+                }
+                // Hand over what was gathered now; an error with nothing gathered is
+                // polled past.
+                if !polled.records.is_empty() {
+                    break;
+                }
+            }
+        }
+        if rebalanced {
+            break;
+        }
+    }
+    Ok(polled)
+}
+
 /// What a consumer error in a poll means: `Some` error that stops the instance (fenced,
 /// fatal), or `None` after saying what happened (the poll goes on).
 fn stopping(error: KafkaError, topic: &str, instance_id: &str) -> Option<crate::Error> {
@@ -210,50 +267,12 @@ impl InputConsumer {
         let topic = self.topic.clone();
         let instance_id = self.instance_id.clone();
         blocking("poll", move || {
-            let deadline = Instant::now() + max_wait;
-            let mut polled = Polled::default();
-            while polled.records.len() < max_records {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                let message = consumer.poll(left.min(Duration::from_millis(50)));
-                // Rebalance callbacks ran inside that poll. Records gathered before a
-                // revocation are dropped (the partitions restart from the committed offsets);
-                // the message this poll returned, if any, is kept: librdkafka discards
-                // messages of revoked partitions, so it belongs to the current assignment.
-                let rebalances = consumer.context().take();
-                if !rebalances.is_empty() {
-                    for event in &rebalances {
-                        if let Rebalanced::Revoked(revoked) = event {
-                            polled.records.retain(|r| !revoked.contains(&r.partition));
-                        }
-                    }
-                    polled.rebalances.extend(rebalances);
-                }
-                match message {
-                    None => {}
-                    Some(Ok(message)) => polled.records.push(to_record(&message)),
-                    // Routine; the engine's own consumer does not ask for it.
-                    Some(Err(KafkaError::PartitionEOF(_))) => {}
-                    Some(Err(error)) => {
-                        // librdkafka's position is already past the records gathered so
-                        // far: returning the error without them would lose them (the next
-                        // batch would commit beyond). Keep them and let the engine
-                        // process them.
-                        if let Some(stop) = stopping(error, &topic, &instance_id) {
-                            return Err(stop);
-                        }
-                        if !polled.records.is_empty() {
-                            break;
-                        }
-                    }
-                }
-                if !polled.rebalances.is_empty() {
-                    break;
-                }
-            }
-            Ok(polled)
+            let poll_once = |timeout| {
+                let message = consumer.poll(timeout).map(|m| m.map(|m| to_record(&m)));
+                // Rebalance callbacks ran inside that poll.
+                (message, consumer.context().take())
+            };
+            gather(poll_once, max_records, max_wait, &topic, &instance_id)
         })
         .await
     }
@@ -278,7 +297,12 @@ impl InputConsumer {
             // Every queued event, not only the first; bounded, a poll is not the work.
             for _ in 0..100 {
                 let message = consumer.poll(Duration::ZERO);
-                polled.rebalances.extend(consumer.context().take());
+                for event in consumer.context().take() {
+                    if let Rebalanced::Revoked(revoked) = &event {
+                        polled.records.retain(|r| !revoked.contains(&r.partition));
+                    }
+                    polled.rebalances.push(event);
+                }
                 match message {
                     None => break,
                     Some(Ok(message)) => polled.records.push(to_record(&message)),
@@ -287,11 +311,6 @@ impl InputConsumer {
                             return Err(stop);
                         }
                     }
-                }
-            }
-            for event in &polled.rebalances {
-                if let Rebalanced::Revoked(revoked) = event {
-                    polled.records.retain(|r| !revoked.contains(&r.partition));
                 }
             }
             Ok(polled)
@@ -444,5 +463,127 @@ impl InputConsumer {
             Ok(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode as C};
+
+    use super::*;
+
+    fn record(partition: i32, offset: i64) -> Record {
+        Record {
+            topic: "orders".into(),
+            partition,
+            offset,
+            key: None,
+            value: Some(b"x".to_vec()),
+            headers: Vec::new(),
+            timestamp_ms: None,
+        }
+    }
+
+    /// Polls that return `script` in order, then nothing.
+    fn scripted(script: Vec<PollOnce>) -> impl FnMut(Duration) -> PollOnce {
+        let mut script = script.into_iter();
+        move |_| script.next().unwrap_or((None, Vec::new()))
+    }
+
+    fn gathered(script: Vec<PollOnce>) -> Result<Polled> {
+        gather(
+            scripted(script),
+            100,
+            Duration::from_millis(30),
+            "orders",
+            "a",
+        )
+    }
+
+    fn positions(polled: &Polled) -> Vec<(i32, i64)> {
+        polled
+            .records
+            .iter()
+            .map(|r| (r.partition, r.offset))
+            .collect()
+    }
+
+    fn consumption(code: C) -> PollOnce {
+        (Some(Err(KafkaError::MessageConsumption(code))), Vec::new())
+    }
+
+    #[test]
+    fn a_consumer_error_keeps_the_records_gathered_before_it() {
+        for code in [
+            C::BrokerTransportFailure,
+            C::RequestTimedOut,
+            C::UnknownTopicOrPartition,
+        ] {
+            let polled = gathered(vec![
+                (Some(Ok(record(0, 0))), Vec::new()),
+                (Some(Ok(record(0, 1))), Vec::new()),
+                consumption(code),
+                (Some(Ok(record(0, 2))), Vec::new()),
+            ])
+            .unwrap_or_else(|e| panic!("{code:?}: the gathered records were dropped: {e}"));
+            // Handed over at the error; the record after it comes with the next poll.
+            assert_eq!(positions(&polled), [(0, 0), (0, 1)], "{code:?}");
+        }
+    }
+
+    #[test]
+    fn an_error_before_any_record_is_polled_past() {
+        let polled = gathered(vec![
+            consumption(C::BrokerTransportFailure),
+            (Some(Err(KafkaError::PartitionEOF(0))), Vec::new()),
+            (Some(Ok(record(1, 7))), Vec::new()),
+        ])
+        .expect("polled past");
+        assert_eq!(positions(&polled), [(1, 7)]);
+    }
+
+    #[test]
+    fn a_revocation_drops_only_the_revoked_partitions_records_and_ends_the_poll() {
+        let polled = gathered(vec![
+            (Some(Ok(record(0, 0))), Vec::new()),
+            (Some(Ok(record(1, 0))), Vec::new()),
+            (Some(Ok(record(1, 1))), vec![Rebalanced::Revoked(vec![0])]),
+            (Some(Ok(record(1, 2))), Vec::new()),
+        ])
+        .expect("polled");
+        assert_eq!(positions(&polled), [(1, 0), (1, 1)]);
+        assert_eq!(polled.rebalances, [Rebalanced::Revoked(vec![0])]);
+    }
+
+    #[test]
+    fn being_fenced_or_a_fatal_error_stops() {
+        let fenced = gathered(vec![
+            (Some(Ok(record(0, 0))), Vec::new()),
+            consumption(C::FencedInstanceId),
+        ]);
+        assert!(
+            matches!(fenced, Err(crate::Error::Fenced { .. })),
+            "{fenced:?}"
+        );
+        let fatal = gathered(vec![(
+            Some(Err(KafkaError::MessageConsumptionFatal(
+                C::InconsistentGroupProtocol,
+            ))),
+            Vec::new(),
+        )]);
+        assert!(
+            fatal.as_ref().is_err_and(crate::Error::is_fatal),
+            "{fatal:?}"
+        );
+    }
+
+    #[test]
+    fn a_poll_ends_at_max_records() {
+        let script = (0..10)
+            .map(|o| (Some(Ok(record(0, o))), Vec::new()))
+            .collect();
+        let polled =
+            gather(scripted(script), 4, Duration::from_secs(5), "orders", "a").expect("polled");
+        assert_eq!(polled.records.len(), 4);
     }
 }
