@@ -1,12 +1,19 @@
-//! An in-process Kafka for the engine's unit tests: it implements [`Source`] and
-//! [`Sink`], records every call in order, keeps what a transaction wrote apart until it
-//! commits (an abort drops it), and fails the call a test names with the error it gives.
+//! An in-process Kafka for the engine's unit tests: it implements [`Source`], [`Sink`],
+//! [`Renew`] and [`Restore`], records every call in order, keeps what a transaction wrote
+//! apart until it commits (an abort drops it), and fails the call a test names with the
+//! error it gives, or applies it and then fails (an outcome the caller cannot know).
+//! Clones share one cluster: a renewed producer is a clone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use crate::engine::seams::{Landing, Outgoing, Sink, Source};
+use crate::config::EngineConfig;
+use crate::engine::recover::Resync;
+use crate::engine::seams::{Landing, Outgoing, Renew, Restore, Sink, Source};
+use crate::engine::stats::Stats;
+use crate::kafka::{Polled, Rebalanced};
 use crate::{Error, Result};
 
 /// One call the engine made.
@@ -22,6 +29,15 @@ pub(crate) enum Call {
     Abort,
     Flush,
     ConsumerCommit(Vec<(i32, i64)>),
+    /// Reading the group's committed offsets of these partitions.
+    Committed(Vec<i32>),
+    Seek(Vec<(i32, Option<i64>)>),
+    Hold,
+    Release,
+    /// A changelog replay of a partition up to a committed offset.
+    Restore(i32, Option<i64>),
+    /// A new producer.
+    Renew,
 }
 
 /// The kinds of call a fault can be put on.
@@ -37,6 +53,10 @@ pub(crate) enum Kind {
     Abort,
     Flush,
     ConsumerCommit,
+    Committed,
+    Seek,
+    Restore,
+    Renew,
 }
 
 /// A record as the fake stores it.
@@ -63,6 +83,16 @@ impl Stored {
 
 type MakeError = Box<dyn Fn() -> Error + Send>;
 
+/// An injected Kafka error of `class`.
+pub(crate) fn injected(class: crate::ErrorClass) -> impl Fn() -> Error + Send + 'static {
+    move || Error::Kafka {
+        operation: "fake".into(),
+        code: crate::KafkaCode::UNKNOWN,
+        message: "injected".into(),
+        class,
+    }
+}
+
 struct Fault {
     kind: Kind,
     /// Only calls about this topic count (sends and landings), when set.
@@ -71,6 +101,8 @@ struct Fault {
     nth: u32,
     error: MakeError,
     seen: u32,
+    /// The call takes effect, then fails: its caller cannot know it went through.
+    applied: bool,
 }
 
 #[derive(Default)]
@@ -83,20 +115,37 @@ struct Inner {
     open_offsets: Vec<(i32, i64)>,
     committed: Vec<Stored>,
     committed_offsets: BTreeMap<i32, i64>,
+    assigned: Vec<i32>,
+    /// What each poll of a held consumer returns, in turn (then nothing).
+    held_polls: VecDeque<Vec<Rebalanced>>,
+    /// The consumer's fatal error, once raised.
+    fatal: Option<MakeError>,
+    /// How long a replay takes.
+    restore_takes: Duration,
 }
 
 impl Inner {
     fn fault(&mut self, kind: Kind, topic: Option<&str>) -> Result<()> {
+        match self.fault_after(kind, topic) {
+            Some((error, false)) => Err(error),
+            _ => Ok(()),
+        }
+    }
+
+    /// The fault due on this call, if any, and whether the call takes effect first.
+    fn fault_after(&mut self, kind: Kind, topic: Option<&str>) -> Option<(Error, bool)> {
+        // Every matching fault counts the call, not only up to the one that fires.
+        let mut due = None;
         for fault in &mut self.faults {
             if fault.kind != kind || (fault.topic.is_some() && fault.topic.as_deref() != topic) {
                 continue;
             }
             fault.seen += 1;
-            if fault.seen == fault.nth {
-                return Err((fault.error)());
+            if fault.seen == fault.nth && due.is_none() {
+                due = Some(((fault.error)(), fault.applied));
             }
         }
-        Ok(())
+        due
     }
 
     /// One offset in each partition the open transaction wrote, for its marker.
@@ -113,8 +162,8 @@ impl Inner {
 }
 
 /// The fake cluster: one instance is both the source and the sink of a batch.
-#[derive(Default)]
-pub(crate) struct FakeKafka(Mutex<Inner>);
+#[derive(Default, Clone)]
+pub(crate) struct FakeKafka(Arc<Mutex<Inner>>);
 
 impl std::fmt::Debug for FakeKafka {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -156,7 +205,65 @@ impl FakeKafka {
             nth,
             error: Box::new(error),
             seen: 0,
+            applied: false,
         });
+    }
+
+    /// Lets the `nth` call of `kind` take effect, then fail with `error()`.
+    pub(crate) fn fail_after_applying(
+        &self,
+        kind: Kind,
+        nth: u32,
+        error: impl Fn() -> Error + Send + 'static,
+    ) {
+        self.inner().faults.push(Fault {
+            kind,
+            topic: None,
+            nth,
+            error: Box::new(error),
+            seen: 0,
+            applied: true,
+        });
+    }
+
+    /// The partitions the consumer has.
+    pub(crate) fn assign(&self, partitions: &[i32]) {
+        self.inner().assigned = partitions.to_vec();
+    }
+
+    /// Each poll of a held consumer serves the next of `polls` (then nothing).
+    pub(crate) fn serve_while_held(&self, polls: Vec<Vec<Rebalanced>>) {
+        self.inner().held_polls = polls.into();
+    }
+
+    /// The consumer raises `error` as fatal from now on.
+    pub(crate) fn raise_fatal(&self, error: impl Fn() -> Error + Send + 'static) {
+        self.inner().fatal = Some(Box::new(error));
+    }
+
+    /// Each replay takes `duration` (of tokio time).
+    pub(crate) fn restore_takes(&self, duration: Duration) {
+        self.inner().restore_takes = duration;
+    }
+
+    /// Recovery's surroundings, with this fake replaying and renewing.
+    pub(crate) fn resync<'a>(
+        &self,
+        config: &'a EngineConfig,
+        stats: &'a Arc<Stats>,
+    ) -> Resync<'a, FakeKafka, FakeKafka> {
+        Resync {
+            config,
+            stats,
+            restore: self.clone(),
+            renew: self.clone(),
+            held: Mutex::default(),
+        }
+    }
+
+    /// Forgets the calls so far.
+    pub(crate) fn clear_calls(&self) {
+        self.inner().calls.clear();
     }
 
     /// Every call so far, in order.
@@ -186,6 +293,87 @@ impl Source for FakeKafka {
         inner.calls.push(Call::ConsumerCommit(offsets.clone()));
         let result = inner.fault(Kind::ConsumerCommit, None).map(|()| {
             inner.committed_offsets.extend(offsets);
+        });
+        std::future::ready(result)
+    }
+
+    fn committed(
+        &self,
+        partitions: Vec<i32>,
+    ) -> impl Future<Output = Result<Vec<(i32, Option<i64>)>>> + Send {
+        let mut inner = self.inner();
+        inner.calls.push(Call::Committed(partitions.clone()));
+        let result = inner.fault(Kind::Committed, None).map(|()| {
+            partitions
+                .iter()
+                .map(|p| (*p, inner.committed_offsets.get(p).copied()))
+                .collect()
+        });
+        std::future::ready(result)
+    }
+
+    fn seek(&self, positions: Vec<(i32, Option<i64>)>) -> impl Future<Output = Result<()>> + Send {
+        let mut inner = self.inner();
+        inner.calls.push(Call::Seek(positions));
+        std::future::ready(inner.fault(Kind::Seek, None))
+    }
+
+    fn assigned(&self) -> impl Future<Output = Result<Vec<i32>>> + Send {
+        std::future::ready(Ok(self.inner().assigned.clone()))
+    }
+
+    fn fatal_error(&self) -> Option<Error> {
+        self.inner().fatal.as_ref().map(|error| error())
+    }
+
+    fn hold(&self) -> impl Future<Output = Result<()>> + Send {
+        self.inner().calls.push(Call::Hold);
+        std::future::ready(Ok(()))
+    }
+
+    fn keep_alive(&self) -> impl Future<Output = Result<Polled>> + Send {
+        // Not recorded: how many polls happen depends on the time the work takes.
+        let rebalances = self.inner().held_polls.pop_front().unwrap_or_default();
+        std::future::ready(Ok(Polled {
+            records: Vec::new(),
+            rebalances,
+        }))
+    }
+
+    fn release(&self) -> impl Future<Output = Result<()>> + Send {
+        self.inner().calls.push(Call::Release);
+        std::future::ready(Ok(()))
+    }
+}
+
+impl Restore for FakeKafka {
+    fn restore(
+        &self,
+        partition: i32,
+        committed: Option<i64>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let (result, takes) = {
+            let mut inner = self.inner();
+            inner.calls.push(Call::Restore(partition, committed));
+            (inner.fault(Kind::Restore, None), inner.restore_takes)
+        };
+        async move {
+            tokio::time::sleep(takes).await;
+            result
+        }
+    }
+}
+
+impl Renew<FakeKafka> for FakeKafka {
+    fn renew(&self) -> impl Future<Output = Result<FakeKafka>> + Send {
+        let mut inner = self.inner();
+        inner.calls.push(Call::Renew);
+        // A new producer aborts what its predecessor left open.
+        let result = inner.fault(Kind::Renew, None).map(|()| {
+            inner.open.clear();
+            inner.open_offsets.clear();
+            inner.in_transaction = false;
+            self.clone()
         });
         std::future::ready(result)
     }
@@ -262,14 +450,19 @@ impl Sink<FakeKafka> for FakeKafka {
     fn commit(&self) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
         inner.calls.push(Call::Commit);
-        let result = inner.fault(Kind::Commit, None).map(|()| {
-            inner.mark();
-            let open = std::mem::take(&mut inner.open);
-            inner.committed.extend(open);
-            let offsets = std::mem::take(&mut inner.open_offsets);
-            inner.committed_offsets.extend(offsets);
-            inner.in_transaction = false;
-        });
+        let fault = inner.fault_after(Kind::Commit, None);
+        let result = match fault {
+            Some((error, false)) => Err(error),
+            applied => {
+                inner.mark();
+                let open = std::mem::take(&mut inner.open);
+                inner.committed.extend(open);
+                let offsets = std::mem::take(&mut inner.open_offsets);
+                inner.committed_offsets.extend(offsets);
+                inner.in_transaction = false;
+                applied.map_or(Ok(()), |(error, _)| Err(error))
+            }
+        };
         std::future::ready(result)
     }
 

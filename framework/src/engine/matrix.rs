@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::batch::Batch;
-use crate::engine::fake::{Call, FakeKafka, Kind};
+use crate::engine::fake::{Call, FakeKafka, Kind, injected as kafka_error};
 use crate::engine::stats::Stats;
 use crate::kafka::Record;
 use crate::txlog::TxLog;
@@ -177,15 +177,6 @@ fn shape(calls: &[Call]) -> Vec<String> {
             other => format!("{other:?}").to_lowercase(),
         })
         .collect()
-}
-
-fn kafka_error(class: ErrorClass) -> impl Fn() -> Error + Send + 'static {
-    move || Error::Kafka {
-        operation: "fake".into(),
-        code: crate::KafkaCode::UNKNOWN,
-        message: "injected".into(),
-        class,
-    }
 }
 
 #[tokio::test]
@@ -481,4 +472,35 @@ async fn a_record_failed_alone_is_dead_lettered_with_its_offset_in_its_own_trans
         !rig.txlog.is_processed(0, "x").expect("read"),
         "a dead letter is not processed"
     );
+}
+
+/// A commit whose outcome the engine cannot know (its answer was an error, yet it went
+/// through). Recovery assumes nothing: it reads the group's committed offsets, replays the
+/// changelog up to them and moves there, the batch's end; nothing is processed twice.
+#[tokio::test(start_paused = true)]
+async fn a_commit_whose_outcome_is_unknown_is_settled_by_the_committed_offsets() {
+    use crate::engine::recover::recover;
+
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.kafka
+        .fail_after_applying(Kind::Commit, 1, kafka_error(ErrorClass::Retriable));
+    let failed = rig.run(vec![amount(0, "a", 1), amount(1, "b", 2)]).await;
+    let error = failed.expect_err("the commit answered with an error");
+    assert_eq!(rig.sums(), [1, 3], "and went through");
+
+    rig.kafka.assign(&[0]);
+    rig.kafka.clear_calls();
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    let mut producer = rig.kafka.clone();
+    recover(&resync, &rig.kafka, &mut producer, &[0].into(), &error)
+        .await
+        .expect("recovered");
+    let calls = rig.kafka.calls();
+    assert!(calls.contains(&Call::Restore(0, Some(2))), "{calls:?}");
+    assert_eq!(
+        calls.last(),
+        Some(&Call::Seek(vec![(0, Some(2))])),
+        "{calls:?}"
+    );
+    assert_eq!(rig.sums(), [1, 3]);
 }

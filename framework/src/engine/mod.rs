@@ -56,6 +56,8 @@ mod fake;
 #[cfg(test)]
 mod matrix;
 mod recover;
+#[cfg(test)]
+mod recovery_matrix;
 mod seams;
 mod startup;
 mod stats;
@@ -77,6 +79,7 @@ use crate::{Error, Result};
 use recover::{
     Failed, ISOLATE_AFTER, Parts, Resync, abort_backoff, isolate, recover, stops_the_instance,
 };
+use seams::{ChangelogReplay, NewProducer, Restore, Source};
 
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
@@ -235,11 +238,19 @@ impl Engine {
         );
 
         let resync = Resync {
-            options,
             config: &config,
-            changelog: &changelog,
-            txlog: &txlog,
             stats: &self.stats,
+            restore: ChangelogReplay {
+                options,
+                changelog: &changelog,
+                txlog: &txlog,
+                stats: &self.stats,
+                wait: config.transaction_timeout + REPLAY_WAIT_GRACE,
+            },
+            renew: NewProducer {
+                options,
+                config: &config,
+            },
             held: std::sync::Mutex::default(),
         };
         let parts = Parts {
@@ -364,9 +375,9 @@ impl Engine {
 /// Acts on the rebalances `polled` reports, in order, and on those served while catching
 /// up: a revoked partition is forgotten with its records; an assigned one is caught up
 /// with the group's committed offsets before any of its records is processed.
-async fn follow_rebalances(
-    resync: &Resync<'_>,
-    consumer: &InputConsumer,
+async fn follow_rebalances<C: Source, R: Restore, N>(
+    resync: &Resync<'_, R, N>,
+    consumer: &C,
     owned: &mut BTreeSet<i32>,
     polled: &mut Polled,
 ) -> Result<()> {

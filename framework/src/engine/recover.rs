@@ -19,11 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
+use crate::engine::seams::{Renew, Restore, Sink, Source};
 use crate::engine::stats::{Phase, Stats};
-use crate::engine::{
-    REPLAY_WAIT_GRACE, batch, changelog, dead_letters, new_producer, retry_transient,
-};
-use crate::kafka::{self, ClientOptions, InputConsumer, OutputProducer};
+use crate::engine::{batch, dead_letters, retry_transient};
+use crate::kafka::{self, InputConsumer, OutputProducer};
 use crate::processor::Processor;
 use crate::txlog::TxLog;
 use crate::{Error, Result};
@@ -84,9 +83,9 @@ pub(super) enum Failed {
 /// holding its transaction past the timeout, is the one that fails them all. It is
 /// handled per `on_error` in a transaction of its own, and the partitions are rewound
 /// to what is committed; the records after it come again with the next poll.
-pub(super) async fn isolate<P: Processor>(
+pub(super) async fn isolate<P: Processor, R: Restore, N: Renew<OutputProducer>>(
     parts: &Parts<'_>,
-    resync: &Resync<'_>,
+    resync: &Resync<'_, R, N>,
     processor: &mut P,
     producer: &mut OutputProducer,
     owned: &BTreeSet<i32>,
@@ -151,13 +150,13 @@ pub(super) fn stops_the_instance(error: &Error) -> bool {
         )
 }
 
-/// What re-synchronising after a failed batch needs besides the clients.
-pub(super) struct Resync<'a> {
-    pub(super) options: &'a ClientOptions,
+/// What re-synchronising with the group needs besides the clients: the changelog replay
+/// and a way to make the producer again.
+pub(super) struct Resync<'a, R, N> {
     pub(super) config: &'a EngineConfig,
-    pub(super) changelog: &'a str,
-    pub(super) txlog: &'a Arc<TxLog>,
     pub(super) stats: &'a Arc<Stats>,
+    pub(super) restore: R,
+    pub(super) renew: N,
     /// What the polls of a held consumer brought (rebalances, in order, and any record),
     /// for the engine's loop to act on before it polls again.
     pub(super) held: Mutex<kafka::Polled>,
@@ -173,13 +172,19 @@ pub(super) struct Resync<'a> {
 /// partition is moved to the group's committed offset (read with `read_committed`
 /// semantics, so it waits for the transaction to be resolved), which is the batch's start
 /// if it aborted and its end if it committed.
-pub(super) async fn recover(
-    resync: &Resync<'_>,
-    consumer: &InputConsumer,
-    producer: &mut OutputProducer,
+pub(super) async fn recover<C, P, R, N>(
+    resync: &Resync<'_, R, N>,
+    consumer: &C,
+    producer: &mut P,
     owned: &BTreeSet<i32>,
     cause: &Error,
-) -> Result<()> {
+) -> Result<()>
+where
+    C: Source,
+    P: Sink<C> + Send,
+    R: Restore,
+    N: Renew<P>,
+{
     // An abort, a new producer and a replay can each take long: the consumer is held
     // through them (the transaction is over, or being aborted: nothing commits meanwhile).
     let undone = resync
@@ -202,16 +207,20 @@ pub(super) async fn recover(
 
 /// [`recover`] until the seek: returns where each owned partition must go on from
 /// (`None`: nowhere to move, the instance was fenced or delivers at most once).
-async fn undo(
-    resync: &Resync<'_>,
-    consumer: &InputConsumer,
-    producer: &mut OutputProducer,
+async fn undo<C, P, R, N>(
+    resync: &Resync<'_, R, N>,
+    consumer: &C,
+    producer: &mut P,
     owned: &BTreeSet<i32>,
     cause: &Error,
-) -> Result<Option<Vec<(i32, Option<i64>)>>> {
-    let Resync {
-        options, config, ..
-    } = resync;
+) -> Result<Option<Vec<(i32, Option<i64>)>>>
+where
+    C: Source,
+    P: Sink<C> + Send,
+    R: Restore,
+    N: Renew<P>,
+{
+    let config = resync.config;
     if matches!(cause, Error::Fenced { .. }) {
         return Ok(None);
     }
@@ -222,8 +231,7 @@ async fn undo(
             return Err(fatal);
         }
         tracing::warn!(error = %cause, "recreating the producer after a transaction timeout");
-        *producer =
-            retry_transient("recreate the producer", || new_producer(options, config)).await?;
+        *producer = retry_transient("recreate the producer", || resync.renew.renew()).await?;
     } else if config.delivery == DeliveryMode::ExactlyOnce
         && let Err(error) = producer.abort().await
     {
@@ -239,8 +247,7 @@ async fn undo(
             return Err(fatal);
         }
         tracing::warn!(%error, "abort failed; recreating the producer");
-        *producer =
-            retry_transient("recreate the producer", || new_producer(options, config)).await?;
+        *producer = retry_transient("recreate the producer", || resync.renew.renew()).await?;
     }
     if config.delivery == DeliveryMode::AtMostOnce {
         // The batch's offsets were committed before it was processed: at most once means
@@ -251,14 +258,14 @@ async fn undo(
     resync.catch_up_now(consumer, &owned).await.map(Some)
 }
 
-impl Resync<'_> {
+impl<R: Restore, N> Resync<'_, R, N> {
     /// Brings the transaction log of `partitions` up to what the group committed: reads
     /// the group's stable committed offsets (a transaction that is still committing its
     /// offsets is waited for), then replays each partition's changelog until its progress
     /// records reach them. Returns the committed offsets.
-    pub(super) async fn catch_up(
+    pub(super) async fn catch_up<C: Source>(
         &self,
-        consumer: &InputConsumer,
+        consumer: &C,
         partitions: &[i32],
     ) -> Result<Vec<(i32, Option<i64>)>> {
         self.holding(consumer, self.catch_up_now(consumer, partitions))
@@ -266,7 +273,7 @@ impl Resync<'_> {
     }
 
     /// Waits `delay` (back-off after a failed batch) with the consumer held.
-    pub(super) async fn pause_for(&self, consumer: &InputConsumer, delay: Duration) -> Result<()> {
+    pub(super) async fn pause_for<C: Source>(&self, consumer: &C, delay: Duration) -> Result<()> {
         self.holding(consumer, async {
             tokio::time::sleep(delay).await;
             Ok(())
@@ -291,9 +298,9 @@ impl Resync<'_> {
 
     /// Runs `work` with the consumer held (see the module's invariants): the member stays
     /// in the group however long `work` takes. No transaction may be open.
-    async fn holding<T>(
+    async fn holding<C: Source, T>(
         &self,
-        consumer: &InputConsumer,
+        consumer: &C,
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         consumer.hold().await?;
@@ -323,9 +330,9 @@ impl Resync<'_> {
         Ok(value)
     }
 
-    async fn catch_up_now(
+    async fn catch_up_now<C: Source>(
         &self,
-        consumer: &InputConsumer,
+        consumer: &C,
         partitions: &[i32],
     ) -> Result<Vec<(i32, Option<i64>)>> {
         let committed = retry_transient("read the committed offsets", || {
@@ -338,15 +345,8 @@ impl Resync<'_> {
         for (partition, offset) in &committed {
             self.stats.set_phase(Phase::Replaying);
             retry_transient("replay the changelog", || {
-                changelog::replay(
-                    self.options,
-                    self.changelog,
-                    *partition,
-                    offset.filter(|_| must_reach),
-                    self.config.transaction_timeout + REPLAY_WAIT_GRACE,
-                    self.txlog,
-                    self.stats,
-                )
+                self.restore
+                    .restore(*partition, offset.filter(|_| must_reach))
             })
             .await?;
         }

@@ -1,15 +1,24 @@
-//! What a batch needs from Kafka, as two small traits: the input it commits offsets of
-//! ([`Source`]) and the producer it writes and commits through ([`Sink`]).
+//! What a batch and its recovery need from Kafka, as small traits: the input
+//! ([`Source`]: its offsets, its group, its polls while held), the producer it writes and
+//! commits through ([`Sink`]), a new producer after one broke ([`Renew`]), and the
+//! changelog replay that brings a partition's transaction log up to the group's committed
+//! offset ([`Restore`]).
 //!
 //! The engine's clients implement them here, by delegating to `kafka/`; the unit tests
 //! implement them with an in-process fake (`fake.rs`) that records every call and fails
 //! the one a test names, so each decision of a batch (call order per delivery mode, aborts,
-//! splits, dead letters) is tested in milliseconds without a broker.
+//! splits, dead letters) and of recovery (abort, new producer, catch-up, rewind, rebalances
+//! while held) is tested in milliseconds without a broker.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::Result;
-use crate::kafka::{InputConsumer, OutputProducer, Pending};
+use crate::config::EngineConfig;
+use crate::engine::stats::Stats;
+use crate::kafka::{ClientOptions, InputConsumer, OutputProducer, Pending, Polled};
+use crate::txlog::TxLog;
+use crate::{Error, Result};
 
 /// A record to send: topic, explicit partition or none (the key decides), key, value,
 /// headers (a header may have no value).
@@ -28,10 +37,47 @@ pub(crate) trait Landing: Send + Sync + 'static {
     fn landed(self) -> impl Future<Output = Result<(i32, i64)>> + Send;
 }
 
-/// The input, as far as a batch is concerned.
+/// The input: what a batch commits outside a transaction, and what recovery reads and
+/// moves.
 pub(crate) trait Source: Sync {
     /// Commits `offsets` (partition, next offset) outside any transaction.
     fn commit(&self, offsets: Vec<(i32, i64)>) -> impl Future<Output = Result<()>> + Send;
+    /// The group's stable committed offset of each partition (`None`: nothing committed).
+    fn committed(
+        &self,
+        partitions: Vec<i32>,
+    ) -> impl Future<Output = Result<Vec<(i32, Option<i64>)>>> + Send;
+    /// Moves each partition's position (`None`: the beginning).
+    fn seek(&self, positions: Vec<(i32, Option<i64>)>) -> impl Future<Output = Result<()>> + Send;
+    /// The partitions assigned now.
+    fn assigned(&self) -> impl Future<Output = Result<Vec<i32>>> + Send;
+    /// The fatal error the consumer raised, if any (a successor with the same instance ID
+    /// fenced it).
+    fn fatal_error(&self) -> Option<Error>;
+    /// Pauses every assigned partition until [`Source::release`].
+    fn hold(&self) -> impl Future<Output = Result<()>> + Send;
+    /// Polls a held consumer: the rebalances served, any record returned.
+    fn keep_alive(&self) -> impl Future<Output = Result<Polled>> + Send;
+    /// Resumes every assigned partition.
+    fn release(&self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// A producer made again under the instance's transactional ID: initialising it aborts
+/// (or completes) whatever its predecessor left open.
+pub(crate) trait Renew<P>: Sync {
+    /// The new producer.
+    fn renew(&self) -> impl Future<Output = Result<P>> + Send;
+}
+
+/// Brings a partition's transaction log up to the group's committed offset (`None`:
+/// read to the end a reader sees) by replaying its changelog.
+pub(crate) trait Restore: Sync {
+    /// Replays `partition`'s changelog until its progress reaches `committed`.
+    fn restore(
+        &self,
+        partition: i32,
+        committed: Option<i64>,
+    ) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// The producer of outputs, changelog records and dead letters, and, in exactly-once
@@ -67,6 +113,77 @@ impl Landing for Pending {
 impl Source for InputConsumer {
     fn commit(&self, offsets: Vec<(i32, i64)>) -> impl Future<Output = Result<()>> + Send {
         InputConsumer::commit(self, offsets)
+    }
+
+    fn committed(
+        &self,
+        partitions: Vec<i32>,
+    ) -> impl Future<Output = Result<Vec<(i32, Option<i64>)>>> + Send {
+        InputConsumer::committed(self, partitions)
+    }
+
+    fn seek(&self, positions: Vec<(i32, Option<i64>)>) -> impl Future<Output = Result<()>> + Send {
+        InputConsumer::seek(self, positions)
+    }
+
+    fn assigned(&self) -> impl Future<Output = Result<Vec<i32>>> + Send {
+        InputConsumer::assigned(self)
+    }
+
+    fn fatal_error(&self) -> Option<Error> {
+        InputConsumer::fatal_error(self)
+    }
+
+    fn hold(&self) -> impl Future<Output = Result<()>> + Send {
+        InputConsumer::hold(self)
+    }
+
+    fn keep_alive(&self) -> impl Future<Output = Result<Polled>> + Send {
+        InputConsumer::keep_alive(self)
+    }
+
+    fn release(&self) -> impl Future<Output = Result<()>> + Send {
+        InputConsumer::release(self)
+    }
+}
+
+/// Makes the engine's producer again.
+pub(crate) struct NewProducer<'a> {
+    pub(crate) options: &'a ClientOptions,
+    pub(crate) config: &'a EngineConfig,
+}
+
+impl Renew<OutputProducer> for NewProducer<'_> {
+    fn renew(&self) -> impl Future<Output = Result<OutputProducer>> + Send {
+        crate::engine::new_producer(self.options, self.config)
+    }
+}
+
+/// Replays the changelog from Kafka into the transaction log (`changelog.rs`).
+pub(crate) struct ChangelogReplay<'a> {
+    pub(crate) options: &'a ClientOptions,
+    pub(crate) changelog: &'a str,
+    pub(crate) txlog: &'a Arc<TxLog>,
+    pub(crate) stats: &'a Arc<Stats>,
+    /// How long replay waits for an open transaction that hides committed records.
+    pub(crate) wait: Duration,
+}
+
+impl Restore for ChangelogReplay<'_> {
+    fn restore(
+        &self,
+        partition: i32,
+        committed: Option<i64>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        crate::engine::changelog::replay(
+            self.options,
+            self.changelog,
+            partition,
+            committed,
+            self.wait,
+            self.txlog,
+            self.stats,
+        )
     }
 }
 

@@ -176,6 +176,30 @@ fn gather(
     Ok(polled)
 }
 
+/// The committed offsets in the broker's answers, `(partition, error, offset)` each: a
+/// partition's own error is an error, never "nothing committed" (taking it for that would
+/// seek to the beginning and process the partition again).
+fn committed_offsets(
+    topic: &str,
+    answers: Vec<(i32, rdkafka::error::KafkaResult<()>, Offset)>,
+) -> Result<Vec<(i32, Option<i64>)>> {
+    answers
+        .into_iter()
+        .map(|(partition, error, offset)| {
+            error.map_err(|error| {
+                kafka_error(
+                    format!("read the committed offset of `{topic}` [{partition}]"),
+                    error,
+                )
+            })?;
+            Ok(match offset {
+                Offset::Offset(offset) => (partition, Some(offset)),
+                _ => (partition, None),
+            })
+        })
+        .collect()
+}
+
 /// What a consumer error in a poll means: `Some` error that stops the instance (fenced,
 /// fatal), or `None` after saying what happened (the poll goes on).
 fn stopping(error: KafkaError, topic: &str, instance_id: &str) -> Option<crate::Error> {
@@ -373,24 +397,12 @@ impl InputConsumer {
             let committed = consumer
                 .committed_offsets(query, Duration::from_secs(30))
                 .map_err(|e| kafka_error(format!("read committed offsets of `{topic}`"), e))?;
-            // A partition's own error is not "nothing committed": taking it for that
-            // would seek to the beginning and process the partition again.
-            committed
+            let answers = committed
                 .elements()
                 .iter()
-                .map(|e| {
-                    e.error().map_err(|error| {
-                        kafka_error(
-                            format!("read the committed offset of `{topic}` [{}]", e.partition()),
-                            error,
-                        )
-                    })?;
-                    Ok(match e.offset() {
-                        Offset::Offset(offset) => (e.partition(), Some(offset)),
-                        _ => (e.partition(), None),
-                    })
-                })
-                .collect()
+                .map(|e| (e.partition(), e.error(), e.offset()))
+                .collect();
+            committed_offsets(&topic, answers)
         })
         .await
     }
@@ -574,6 +586,30 @@ mod tests {
         assert!(
             fatal.as_ref().is_err_and(crate::Error::is_fatal),
             "{fatal:?}"
+        );
+    }
+
+    #[test]
+    fn a_partitions_error_reading_committed_offsets_is_an_error_not_the_beginning() {
+        let answers = vec![
+            (0, Ok(()), Offset::Offset(42)),
+            (1, Ok(()), Offset::Invalid),
+            (
+                2,
+                Err(KafkaError::OffsetFetch(C::UnstableOffsetCommit)),
+                Offset::Invalid,
+            ),
+        ];
+        let failed = committed_offsets("orders", answers);
+        let error = failed.expect_err("partition 2's error");
+        assert!(error.to_string().contains("[2]"), "{error}");
+        let answers = vec![
+            (0, Ok(()), Offset::Offset(42)),
+            (1, Ok(()), Offset::Invalid),
+        ];
+        assert_eq!(
+            committed_offsets("orders", answers).expect("offsets"),
+            [(0, Some(42)), (1, None)]
         );
     }
 

@@ -1,0 +1,246 @@
+//! Recovery's decisions through the fake Kafka (`fake.rs`), librdkafka's own transaction
+//! suite as the model (its `0105-transactions_mock`): after a failed batch, the abort, a
+//! failed abort (a new producer, unless a successor took the instance's place), a timed-out
+//! transaction, reading the group's committed offsets and seeking (retried), a commit
+//! whose outcome is unknown, and rebalances served while the consumer is held.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{DeliveryMode, EngineConfig};
+use crate::engine::fake::{Call, FakeKafka, Kind, injected as kafka};
+use crate::engine::recover::{Resync, recover};
+use crate::engine::seams::Source;
+use crate::engine::stats::Stats;
+use crate::kafka::{Polled, Rebalanced};
+use crate::{Error, ErrorClass};
+
+struct Rig {
+    kafka: FakeKafka,
+    config: EngineConfig,
+    stats: Arc<Stats>,
+}
+
+impl Rig {
+    /// An instance owning partitions 0 and 1, whose group committed offset 10 on 0.
+    async fn new(delivery: DeliveryMode) -> Rig {
+        let kafka = FakeKafka::default();
+        kafka.commit(vec![(0, 10)]).await.expect("commit");
+        kafka.assign(&[0, 1]);
+        kafka.clear_calls();
+        Rig {
+            kafka,
+            config: EngineConfig::new("fake:9092", "g", "a", "in", "/tmp/unused")
+                .delivery(delivery),
+            stats: Arc::default(),
+        }
+    }
+
+    async fn recover(&self, cause: &Error) -> crate::Result<Resync<'_, FakeKafka, FakeKafka>> {
+        let resync = self.kafka.resync(&self.config, &self.stats);
+        let mut producer = self.kafka.clone();
+        let owned: BTreeSet<i32> = [0, 1].into();
+        recover(&resync, &self.kafka, &mut producer, &owned, cause).await?;
+        Ok(resync)
+    }
+}
+
+fn fenced() -> Error {
+    Error::Fenced {
+        what: "group.instance.id `a`".into(),
+        detail: "a successor joined".into(),
+    }
+}
+
+/// Recovery made the calls `first`, then caught up with the group (held) and rewound.
+fn assert_caught_up_after(rig: &Rig, first: &[Call]) {
+    let mut want = first.to_vec();
+    want.extend([
+        Call::Committed(vec![0, 1]),
+        Call::Restore(0, Some(10)),
+        Call::Restore(1, None),
+        Call::Release,
+        Call::Seek(vec![(0, Some(10)), (1, None)]),
+    ]);
+    assert_eq!(rig.kafka.calls(), want);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_batch_is_aborted_caught_up_with_the_committed_offsets_and_rewound() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.recover(&kafka(ErrorClass::Abortable)())
+        .await
+        .expect("recovered");
+    assert_caught_up_after(&rig, &[Call::Hold, Call::Abort]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reading_committed_offsets_and_seeking_are_retried_then_given_up() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka
+        .fail(Kind::Committed, None, 1, kafka(ErrorClass::Retriable));
+    rig.kafka
+        .fail(Kind::Committed, None, 2, kafka(ErrorClass::Retriable));
+    rig.kafka
+        .fail(Kind::Seek, None, 1, kafka(ErrorClass::Retriable));
+    rig.recover(&kafka(ErrorClass::Abortable)())
+        .await
+        .expect("recovered after retries");
+    let calls = rig.kafka.calls();
+    let count = |f: fn(&Call) -> bool| calls.iter().filter(|c| f(c)).count();
+    assert_eq!(count(|c| matches!(c, Call::Committed(_))), 3, "{calls:?}");
+    assert_eq!(count(|c| matches!(c, Call::Seek(_))), 2, "{calls:?}");
+
+    // Five failures in a row: an error, and no seek anywhere (never "to the beginning").
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    for nth in 1..=5 {
+        rig.kafka
+            .fail(Kind::Committed, None, nth, kafka(ErrorClass::Retriable));
+    }
+    let failed = rig.recover(&kafka(ErrorClass::Abortable)()).await;
+    assert!(failed.is_err());
+    let calls = rig.kafka.calls();
+    assert!(
+        !calls.iter().any(|c| matches!(c, Call::Seek(_))),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls.last(),
+        Some(&Call::Release),
+        "the hold ends: {calls:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_abort_makes_a_new_producer_before_catching_up() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka
+        .fail(Kind::Abort, None, 1, kafka(ErrorClass::Other));
+    rig.recover(&kafka(ErrorClass::Abortable)())
+        .await
+        .expect("recovered");
+    assert_caught_up_after(&rig, &[Call::Hold, Call::Abort, Call::Renew]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_abort_of_a_replaced_instance_stops_without_fencing_its_successor() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka
+        .fail(Kind::Abort, None, 1, kafka(ErrorClass::Other));
+    rig.kafka.raise_fatal(fenced);
+    let stopped = rig.recover(&kafka(ErrorClass::Abortable)()).await;
+    assert!(
+        matches!(stopped, Err(Error::Fenced { .. })),
+        "{:?}",
+        stopped.err()
+    );
+    // A new producer under the same transactional ID would fence the successor.
+    assert_eq!(rig.kafka.calls(), [Call::Hold, Call::Abort, Call::Release]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_transaction_makes_a_new_producer_without_aborting() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    let timed_out = Error::TransactionTimedOut {
+        open_for: Duration::from_secs(11),
+        timeout: Duration::from_secs(10),
+        detail: "epoch bumped".into(),
+    };
+    rig.recover(&timed_out).await.expect("recovered");
+    assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
+
+    // Unless a successor took the instance's place.
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka.raise_fatal(fenced);
+    assert!(matches!(
+        rig.recover(&timed_out).await,
+        Err(Error::Fenced { .. })
+    ));
+    assert!(!rig.kafka.calls().contains(&Call::Renew));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_instance_and_at_most_once_do_not_rewind() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.recover(&fenced()).await.expect("nothing to undo");
+    assert_eq!(rig.kafka.calls(), [Call::Hold, Call::Release]);
+
+    // At most once committed the batch's offsets before processing it.
+    let rig = Rig::new(DeliveryMode::AtMostOnce).await;
+    rig.recover(&kafka(ErrorClass::Retriable)())
+        .await
+        .expect("recovered");
+    assert_eq!(rig.kafka.calls(), [Call::Hold, Call::Release]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rebalance_while_held_is_handed_on_and_revoked_partitions_are_not_sought() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    // Each replay takes 2 s: the held consumer is polled meanwhile, and the group takes
+    // partition 1 away.
+    rig.kafka.restore_takes(Duration::from_secs(2));
+    rig.kafka.serve_while_held(vec![
+        vec![Rebalanced::Revoked(vec![0, 1])],
+        vec![Rebalanced::Assigned(vec![0])],
+    ]);
+    rig.kafka.assign(&[0]);
+    let resync = rig
+        .recover(&kafka(ErrorClass::Abortable)())
+        .await
+        .expect("recovered");
+    let calls = rig.kafka.calls();
+    assert_eq!(
+        calls.last(),
+        Some(&Call::Seek(vec![(0, Some(10))])),
+        "{calls:?}"
+    );
+    let Polled { rebalances, .. } = resync.take_held();
+    assert_eq!(
+        rebalances,
+        [
+            Rebalanced::Revoked(vec![0, 1]),
+            Rebalanced::Assigned(vec![0])
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_assignment_is_caught_up_before_its_records_and_a_rebalance_meanwhile_is_followed() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka.restore_takes(Duration::from_secs(2));
+    // While partition 0 replays, the group takes it away and gives it back.
+    rig.kafka.serve_while_held(vec![vec![
+        Rebalanced::Revoked(vec![0]),
+        Rebalanced::Assigned(vec![0]),
+    ]]);
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    let early = crate::kafka::Record {
+        topic: "in".into(),
+        partition: 0,
+        offset: 10,
+        key: None,
+        value: None,
+        headers: Vec::new(),
+        timestamp_ms: None,
+    };
+    let mut polled = Polled {
+        records: vec![early],
+        rebalances: vec![Rebalanced::Assigned(vec![0])],
+    };
+    let mut owned = BTreeSet::new();
+    crate::engine::follow_rebalances(&resync, &rig.kafka, &mut owned, &mut polled)
+        .await
+        .expect("followed");
+    assert_eq!(owned, [0].into());
+    // Polled before the revocation: the new assignment reads it again.
+    assert!(polled.records.is_empty(), "{:?}", polled.records);
+    let catch_up = [
+        Call::Hold,
+        Call::Committed(vec![0]),
+        Call::Restore(0, Some(10)),
+        Call::Release,
+    ];
+    assert_eq!(rig.kafka.calls(), [catch_up.clone(), catch_up].concat());
+    assert_eq!(rig.stats.snapshot().assignments, 2);
+}
