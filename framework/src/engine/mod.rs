@@ -48,13 +48,16 @@
 //!   is rewound to the batch's first offset.
 //! - A fenced producer stops the instance; nothing it did after the fence is visible.
 
+mod backoff;
 mod batch;
 mod changelog;
+mod commit;
 mod dead_letters;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod matrix;
+mod record;
 mod recover;
 #[cfg(test)]
 mod recovery_matrix;
@@ -70,15 +73,12 @@ use tracing::Instrument;
 pub use stats::{Phase, Shutdown, Stats, StatsSnapshot};
 
 use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
-use crate::kafka::{
-    self, ClientOptions, InputConsumer, Isolation, OutputProducer, Polled, Rebalanced,
-};
+use crate::kafka::{self, ClientOptions, InputConsumer, Isolation, Polled, Rebalanced};
 use crate::processor::Processor;
 use crate::txlog::{self, Opened, TxLog};
 use crate::{Error, Result};
-use recover::{
-    Failed, ISOLATE_AFTER, Parts, Resync, abort_backoff, isolate, recover, stops_the_instance,
-};
+use backoff::abort_backoff;
+use recover::{Failed, ISOLATE_AFTER, Parts, Resync, isolate, recover, stops_the_instance};
 use seams::{ChangelogReplay, NewProducer, Restore, Source};
 
 /// librdkafka's default `message.max.bytes`.
@@ -209,11 +209,11 @@ impl Engine {
                 tracing::info!(opened = ?other, path = %txlog.path().display(), "transaction log open")
             }
         }
-        log_contents(&txlog);
+        startup::log_contents(&txlog);
         kafka::check_connection(options, CONNECT_TIMEOUT).await?;
         startup::check_topics(options, &config).await?;
 
-        let mut producer = new_producer(options, &config).await?;
+        let mut producer = seams::new_producer(options, &config).await?;
         let consumer = InputConsumer::subscribe(
             options,
             &config.group,
@@ -402,119 +402,4 @@ async fn follow_rebalances<C: Source, R: Restore, N>(
         }
     }
     Ok(())
-}
-
-pub(super) async fn new_producer(
-    options: &ClientOptions,
-    config: &EngineConfig,
-) -> Result<OutputProducer> {
-    match config.delivery {
-        DeliveryMode::ExactlyOnce => {
-            OutputProducer::transactional(
-                options,
-                &config.transactional_id(),
-                config.transaction_timeout,
-            )
-            .await
-        }
-        DeliveryMode::AtLeastOnce | DeliveryMode::AtMostOnce => OutputProducer::idempotent(options),
-    }
-}
-
-/// What the transaction log holds at start-up, per partition.
-fn log_contents(txlog: &TxLog) {
-    match (txlog.stats(), txlog.file_size()) {
-        (Ok(partitions), Ok(bytes)) => {
-            for p in partitions {
-                tracing::info!(
-                    partition = p.partition,
-                    dedup_entries = p.processed_entries,
-                    state_entries = p.state_entries,
-                    checkpoint = ?p.checkpoint,
-                    oldest_entry_ms = ?p.oldest_processed_at_ms,
-                    "transaction log partition"
-                );
-            }
-            tracing::info!(bytes, "transaction log file");
-        }
-        (Err(error), _) | (_, Err(error)) => tracing::warn!(%error, "transaction log statistics"),
-    }
-}
-
-/// Runs `call` again while it fails with a retriable error (a broker that is slow or
-/// briefly away), with growing pauses, at most five times in all.
-pub(super) async fn retry_transient<T, F, Fut>(what: &str, mut call: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T>>,
-{
-    let mut pause = std::time::Duration::from_millis(500);
-    let mut attempt = 1;
-    loop {
-        match call().await {
-            Err(error) if error.is_retriable() && attempt < 5 => {
-                tracing::warn!(%error, attempt, ?pause, "{what} failed; trying again");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-                attempt += 1;
-            }
-            other => return other,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    use super::*;
-
-    fn transient() -> Error {
-        Error::Timeout {
-            what: "x".into(),
-            after: std::time::Duration::ZERO,
-            detail: String::new(),
-        }
-    }
-
-    #[test]
-    fn failed_batches_back_off_up_to_five_seconds() {
-        use std::time::Duration;
-        assert_eq!(abort_backoff(1), Duration::from_millis(100));
-        assert_eq!(abort_backoff(2), Duration::from_millis(200));
-        assert_eq!(abort_backoff(30), Duration::from_secs(5));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn retriable_failures_are_retried_five_times_at_most() {
-        let calls = AtomicU32::new(0);
-        let recovered = retry_transient("test", || async {
-            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-            if n < 3 { Err(transient()) } else { Ok(n) }
-        })
-        .await;
-        assert_eq!(recovered.ok(), Some(3));
-
-        calls.store(0, Ordering::SeqCst);
-        let never: Result<()> = retry_transient("test", || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err(transient())
-        })
-        .await;
-        assert!(never.is_err());
-        assert_eq!(calls.load(Ordering::SeqCst), 5);
-
-        calls.store(0, Ordering::SeqCst);
-        let fatal: Result<()> = retry_transient("test", || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err(Error::processing("no"))
-        })
-        .await;
-        assert!(fatal.is_err());
-        assert_eq!(
-            calls.load(Ordering::SeqCst),
-            1,
-            "a non-retriable error is not retried"
-        );
-    }
 }

@@ -19,9 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
+use crate::engine::backoff::retry_transient;
 use crate::engine::seams::{Renew, Restore, Sink, Source};
 use crate::engine::stats::{Phase, Stats};
-use crate::engine::{batch, dead_letters, retry_transient};
+use crate::engine::{batch, dead_letters};
 use crate::kafka::{self, InputConsumer, OutputProducer};
 use crate::processor::Processor;
 use crate::txlog::TxLog;
@@ -32,12 +33,6 @@ pub(super) const ISOLATE_AFTER: u32 = 2;
 /// How often a held consumer is polled: far inside any `max.poll.interval.ms` librdkafka
 /// accepts with the broker's smallest session timeout (6 s by default).
 const KEEP_ALIVE_EVERY: Duration = Duration::from_millis(500);
-
-/// The pause after the `failures`-th failed batch in a row: 100 ms, doubling, at most 5 s.
-pub(super) fn abort_backoff(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(6);
-    Duration::from_millis(100 * (1 << doublings)).min(Duration::from_secs(5))
-}
 
 /// What a batch needs besides the producer, which recovery may replace between two.
 pub(super) struct Parts<'a> {

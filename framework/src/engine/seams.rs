@@ -14,7 +14,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::EngineConfig;
+use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::stats::Stats;
 use crate::kafka::{ClientOptions, InputConsumer, OutputProducer, Pending, Polled};
 use crate::txlog::TxLog;
@@ -155,7 +155,7 @@ pub(crate) struct NewProducer<'a> {
 
 impl Renew<OutputProducer> for NewProducer<'_> {
     fn renew(&self) -> impl Future<Output = Result<OutputProducer>> + Send {
-        crate::engine::new_producer(self.options, self.config)
+        new_producer(self.options, self.config)
     }
 }
 
@@ -223,5 +223,24 @@ impl Sink<InputConsumer> for OutputProducer {
 
     fn flush(&self) -> impl Future<Output = Result<()>> + Send {
         OutputProducer::flush(self)
+    }
+}
+
+/// The producer the delivery mode needs: transactional under the instance's
+/// transactional ID for exactly once, idempotent otherwise.
+pub(crate) async fn new_producer(
+    options: &ClientOptions,
+    config: &EngineConfig,
+) -> Result<OutputProducer> {
+    match config.delivery {
+        DeliveryMode::ExactlyOnce => {
+            OutputProducer::transactional(
+                options,
+                &config.transactional_id(),
+                config.transaction_timeout,
+            )
+            .await
+        }
+        DeliveryMode::AtLeastOnce | DeliveryMode::AtMostOnce => OutputProducer::idempotent(options),
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::config::{EngineConfig, ErrorPolicy};
 use crate::kafka::{self, ClientOptions};
+use crate::txlog::TxLog;
 use crate::{Error, Result};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
@@ -154,4 +155,24 @@ pub(crate) async fn output_limits(
         limits.insert(topic.clone(), producer_limit.min(broker_limit));
     }
     Ok(limits)
+}
+
+/// What the transaction log holds at start-up, per partition.
+pub(super) fn log_contents(txlog: &TxLog) {
+    match (txlog.stats(), txlog.file_size()) {
+        (Ok(partitions), Ok(bytes)) => {
+            for p in partitions {
+                tracing::info!(
+                    partition = p.partition,
+                    dedup_entries = p.processed_entries,
+                    state_entries = p.state_entries,
+                    checkpoint = ?p.checkpoint,
+                    oldest_entry_ms = ?p.oldest_processed_at_ms,
+                    "transaction log partition"
+                );
+            }
+            tracing::info!(bytes, "transaction log file");
+        }
+        (Err(error), _) | (_, Err(error)) => tracing::warn!(%error, "transaction log statistics"),
+    }
 }

@@ -1,0 +1,214 @@
+//! The transaction protocol of a batch, with the delivery mode matched here only: what
+//! each mode does before the records are processed ([`Batch::open`]) and how their
+//! outputs, changelog and offsets are made durable ([`Batch::commit`]), then the apply to
+//! the transaction log.
+//!
+//! ```text
+//!  exactly-once   begin ─ (records) ─ changelog ─ send offsets ─ commit ─ changelog acks
+//!  at-least-once        ─ (records) ─ outputs landed ─ changelog landed ─ consumer commit
+//!  at-most-once   consumer commit ─ (records) ─ outputs and changelog landed
+//!                                            ─► apply to redb with the changelog offsets
+//! ```
+//!
+//! Invariants:
+//! - redb is changed only after the batch is durable, and only with the changelog offsets
+//!   it reached.
+//! - At least once writes a dedup entry only after the outputs it stands for landed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+#[cfg(feature = "failpoints")]
+use std::time::Duration;
+
+#[cfg(feature = "failpoints")]
+use crate::Error;
+use crate::Result;
+use crate::config::DeliveryMode;
+use crate::engine::batch::{Batch, Part};
+use crate::engine::seams::{Landing, Outgoing, Sink, Source};
+use crate::engine::stats::Stats;
+use crate::engine::{changelog, crash_point};
+use crate::kafka;
+use crate::txlog::{Change, Landed, Overlay};
+
+/// Dedup entries expired per partition per batch, at most: expiry keeps pace with load
+/// without making any one batch large.
+const EXPIRE_PER_BATCH: usize = 1_000;
+
+impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
+    /// What the delivery mode does before `records` are processed: exactly once opens
+    /// the transaction, at most once commits their offsets.
+    pub(super) async fn open(&self, records: &[kafka::Record]) -> Result<()> {
+        match self.config.delivery {
+            DeliveryMode::ExactlyOnce => self.producer.begin(),
+            DeliveryMode::AtMostOnce => self.consumer.commit(next_offsets(records)).await,
+            DeliveryMode::AtLeastOnce => Ok(()),
+        }
+    }
+
+    /// Commits `records`, handled into `part`: outputs, changelog and offsets together (or
+    /// per the delivery mode), then applies the part to the transaction log.
+    pub(super) async fn commit(
+        &self,
+        records: &[kafka::Record],
+        mut part: Part<'_, K::Pending>,
+    ) -> Result<()> {
+        // Nothing reads through the snapshot any more; let redb reuse what it pins.
+        drop(part.snapshot);
+        let config = self.config;
+        let next_offsets = next_offsets(records);
+        let outputs = part.outputs.len() as u64;
+        let mut pending_outputs = std::mem::take(&mut part.outputs);
+        pending_outputs.append(&mut part.failed.pending);
+        let mut overlay = std::mem::take(&mut part.overlay);
+        self.expire(&mut overlay, &next_offsets, part.now_ms)?;
+
+        let mut changes = if overlay.is_empty() {
+            Vec::new()
+        } else {
+            overlay.into_changes()
+        };
+        changelog::add_progress(&mut changes, &next_offsets);
+        // At least once has no transaction to make outputs and dedup entries land
+        // together: the outputs and dead letters must have landed before any dedup entry
+        // is written, or a failed output would leave its input marked processed (and its
+        // retry skipped as a duplicate). So: outputs landed, then the changelog, then the
+        // consumer commit.
+        if config.delivery == DeliveryMode::AtLeastOnce {
+            self.producer.flush().await?;
+            for pending in pending_outputs.drain(..) {
+                pending.landed().await?;
+            }
+        }
+        let mut pending_changelog: Vec<(i32, K::Pending)> = Vec::new();
+        for (partition, list) in &changes {
+            for change in list {
+                let (key, value) = change.encode();
+                let pending = self
+                    .producer
+                    .send(Outgoing {
+                        topic: self.changelog,
+                        partition: Some(*partition),
+                        key: Some(&key),
+                        value: value.as_deref(),
+                        headers: &[],
+                    })
+                    .await?;
+                pending_changelog.push((*partition, pending));
+            }
+        }
+
+        crash_point!("onceflow-before-send-offsets");
+        // An abortable failure on demand, for the tests of the abort-and-go-on path.
+        #[cfg(feature = "failpoints")]
+        if fail::eval("onceflow-fail-batch", |_| ()).is_some() {
+            return Err(Error::Timeout {
+                what: "the batch (failpoint onceflow-fail-batch)".into(),
+                after: Duration::ZERO,
+                detail: "injected failure".into(),
+            });
+        }
+        let committing = std::time::Instant::now();
+        // Where the changelog records landed, once acknowledged (with the transaction's
+        // commit at the latest).
+        let mut landed: BTreeMap<i32, Landed> = BTreeMap::new();
+        let mut await_changelog = async |pending_changelog: Vec<(i32, K::Pending)>| -> Result<()> {
+            for (partition, pending) in pending_changelog {
+                let (_, offset) = pending.landed().await?;
+                let span = landed.entry(partition).or_insert(Landed {
+                    first: offset,
+                    next: offset + 1,
+                });
+                span.first = span.first.min(offset);
+                span.next = span.next.max(offset + 1);
+            }
+            Ok(())
+        };
+        match config.delivery {
+            DeliveryMode::ExactlyOnce => {
+                self.producer
+                    .send_offsets(self.consumer, &config.input_topic, next_offsets.clone())
+                    .await?;
+                crash_point!("onceflow-before-commit");
+                self.producer.commit().await?;
+                await_changelog(pending_changelog).await?;
+            }
+            DeliveryMode::AtLeastOnce => {
+                self.producer.flush().await?;
+                await_changelog(pending_changelog).await?;
+                crash_point!("onceflow-before-commit");
+                self.consumer.commit(next_offsets.clone()).await?;
+            }
+            DeliveryMode::AtMostOnce => {
+                self.producer.flush().await?;
+                await_changelog(pending_changelog).await?;
+            }
+        }
+        crash_point!("onceflow-after-commit-before-apply");
+        metrics::histogram!("onceflow_commit_seconds").record(committing.elapsed().as_secs_f64());
+
+        let expired: u64 = changes
+            .iter()
+            .flat_map(|(_, list)| list)
+            .filter(|c| matches!(c, Change::Expired { .. }))
+            .count() as u64;
+        let applied: Vec<(i32, Vec<Change>, Option<Landed>)> = changes
+            .into_iter()
+            .map(|(partition, list)| {
+                let span = landed.get(&partition).copied();
+                (partition, list, span)
+            })
+            .collect();
+        let txlog = Arc::clone(self.txlog);
+        let transactional = config.delivery == DeliveryMode::ExactlyOnce;
+        kafka::blocking("apply the batch to the transaction log", move || {
+            txlog.apply_committed(&applied, transactional)
+        })
+        .await?;
+
+        Stats::add(&self.stats.records_in, records.len() as u64);
+        Stats::add(&self.stats.outputs, outputs);
+        Stats::add(&self.stats.duplicates_skipped, part.duplicates);
+        Stats::add(&self.stats.expired_entries, expired);
+        Stats::add(&self.stats.dead_lettered, part.failed.dead_lettered);
+        Stats::add(&self.stats.skipped, part.failed.skipped);
+        Stats::add(&self.stats.without_event_id, part.without_id);
+        Stats::add(&self.stats.commits, 1);
+        metrics::histogram!("onceflow_batch_records").record(records.len() as f64);
+        tracing::debug!(
+            records = records.len(),
+            outputs,
+            duplicates = part.duplicates,
+            "batch committed"
+        );
+        Ok(())
+    }
+
+    /// Adds this batch's share of dedup expiries to the overlay.
+    fn expire(&self, overlay: &mut Overlay, partitions: &[(i32, i64)], now_ms: i64) -> Result<()> {
+        let window_ms = i64::try_from(self.config.dedup_window.as_millis()).unwrap_or(i64::MAX);
+        let older_than = now_ms.saturating_sub(window_ms);
+        for (partition, _) in partitions {
+            for id in self.txlog.expired(
+                *partition,
+                older_than,
+                self.config.dedup_max_entries,
+                EXPIRE_PER_BATCH,
+            )? {
+                if !overlay.is_processed(*partition, &id) {
+                    overlay.expire(*partition, id);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The offset after the last record of each partition: what the group commits.
+pub(super) fn next_offsets(records: &[kafka::Record]) -> Vec<(i32, i64)> {
+    let mut next = BTreeMap::new();
+    for record in records {
+        next.insert(record.partition, record.offset + 1);
+    }
+    next.into_iter().collect()
+}
