@@ -259,3 +259,46 @@ pub(crate) fn read_partition(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use rdkafka::types::RDKafkaErrorCode;
+    use tracing::{Level, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+    use super::*;
+
+    /// The level of every event logged.
+    struct Levels(Arc<Mutex<Vec<Level>>>);
+
+    impl<S: Subscriber> Layer<S> for Levels {
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            self.0
+                .lock()
+                .expect("levels")
+                .push(*event.metadata().level());
+        }
+    }
+
+    /// Item 16: every replay reached the end of its partition, and librdkafka reports
+    /// that through the error callback; logged as ERROR it taught operators to ignore
+    /// ERROR. It is routine; a real error is still a warning.
+    #[test]
+    fn the_end_of_a_partition_is_not_logged_as_an_error() {
+        let levels = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Levels(Arc::clone(&levels)));
+        tracing::subscriber::with_default(subscriber, || {
+            Reader.error(
+                KafkaError::Global(RDKafkaErrorCode::PartitionEOF),
+                "Fetch from broker 1 reached end of partition",
+            );
+            Reader.error(
+                KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+                "Disconnected",
+            );
+        });
+        assert_eq!(*levels.lock().expect("levels"), [Level::TRACE, Level::WARN]);
+    }
+}
