@@ -104,7 +104,15 @@ pub struct Operator {
 impl Operator {
     /// Fresh names for `name`, and input and output topics with `partitions` partitions.
     pub async fn new(name: &str, partitions: i32) -> Result<Self, Box<dyn std::error::Error>> {
-        let kafka = onceflow::testkit::kafka().await;
+        Operator::on(onceflow::testkit::kafka().await, name, partitions).await
+    }
+
+    /// The same on `kafka` (the three-node cluster, say).
+    pub async fn on(
+        kafka: &'static Kafka,
+        name: &str,
+        partitions: i32,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let input = onceflow::testkit::unique_name(&format!("{name}-in"));
         let output = onceflow::testkit::unique_name(&format!("{name}-out"));
         kafka.create_topic(&input, partitions).await?;

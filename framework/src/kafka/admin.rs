@@ -282,3 +282,24 @@ pub(crate) async fn alter_topic_config(
     }
     Ok(())
 }
+
+#[cfg(feature = "testkit")]
+/// Reads the cluster's metadata (of `topic`, or of every topic) and gives it to `read`.
+pub(crate) async fn with_metadata<T: Send + 'static>(
+    options: &ClientOptions,
+    topic: Option<&str>,
+    read: impl FnOnce(&rdkafka::metadata::Metadata) -> T + Send + 'static,
+) -> Result<T> {
+    let consumer: BaseConsumer = options
+        .config(&[])
+        .create()
+        .map_err(|e| kafka_error("create a metadata client", e))?;
+    let topic = topic.map(str::to_owned);
+    blocking("fetch metadata", move || {
+        let metadata =
+            Consumer::fetch_metadata(&consumer, topic.as_deref(), Duration::from_secs(10))
+                .map_err(|e| kafka_error("fetch metadata", e))?;
+        Ok(read(&metadata))
+    })
+    .await
+}

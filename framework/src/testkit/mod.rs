@@ -26,6 +26,7 @@
 //! transactional IDs), so tests sharing the broker never see each other's data.
 
 mod broker;
+mod cluster;
 mod pki;
 mod secure;
 
@@ -36,6 +37,7 @@ use crate::Result;
 use crate::kafka::{self as client, ClientOptions};
 pub use crate::kafka::{Isolation, OutgoingRecord, Record};
 pub use broker::{KAFKA_VERSION, LOCAL_IMAGE, OFFICIAL_IMAGE, kafka};
+pub use cluster::{Cluster, cluster};
 pub use pki::{CLIENT_COMMON_NAME, CertifiedKeyPem, TestPki};
 pub use secure::{ALLOWED_PREFIX, LOCKED_PREFIX, SecureKafka, TestUser, secure_kafka};
 

@@ -1,0 +1,430 @@
+//! A three-node KRaft cluster on its own Docker network, from the same image as the single
+//! broker, with the faults a test can cause: kill a node (SIGKILL) and start it again with
+//! its data, restart it cleanly, pause it, cut it off the network; and where to aim them:
+//! the leader of a partition, the transaction coordinator of a transactional ID, the
+//! group coordinator of a group.
+//!
+//! Every node is broker and controller; each has its host port mapped and advertised, so
+//! clients on the host reach every node. Topics default to three replicas and
+//! `min.insync.replicas=2`, the transaction state log likewise: one node down is a fault
+//! the cluster survives, as production clusters do.
+
+use std::time::{Duration, Instant};
+
+use testcontainers::ImageExt;
+use testcontainers::bollard::Docker;
+use testcontainers::bollard::models::{NetworkConnectRequest, NetworkDisconnectRequest};
+use testcontainers::bollard::query_parameters::{
+    KillContainerOptions, StartContainerOptions, StopContainerOptions,
+};
+use testcontainers::core::ContainerPort;
+use tokio::sync::OnceCell;
+
+use super::Kafka;
+use super::broker::{self, Broker, DOCKER};
+use crate::kafka::{self as client, ClientOptions};
+use crate::{Error, Result};
+
+/// Partitions of `__transaction_state` and `__consumer_offsets` in the cluster (the
+/// coordinator of an ID is the leader of the partition its hash picks).
+const COORDINATOR_PARTITIONS: i32 = 4;
+/// How long a node may take to come back or the cluster to heal.
+const HEAL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One node of a [`Cluster`].
+#[derive(Debug, Clone)]
+struct Node {
+    id: i32,
+    container: String,
+    port: u16,
+}
+
+/// A cluster of Kafka nodes the tests can break.
+#[derive(Debug)]
+pub struct Cluster {
+    kafka: Kafka,
+    nodes: Vec<Node>,
+    network: String,
+    /// How long the cluster took to start and answer on every node.
+    pub started_in: Duration,
+}
+
+static SHARED: OnceCell<std::result::Result<Cluster, String>> = OnceCell::const_new();
+
+/// The three-node cluster shared by every test of this binary, started on first use.
+///
+/// # Panics
+/// When the cluster cannot be started; the message says why.
+pub async fn cluster() -> &'static Cluster {
+    broker::shared(
+        &SHARED,
+        || Cluster::start(3),
+        "no Kafka cluster for the tests",
+    )
+    .await
+}
+
+impl Cluster {
+    /// Starts `nodes` combined broker-and-controller nodes on a new Docker network and
+    /// waits until every one answers and a topic with three in-sync replicas takes writes.
+    pub async fn start(nodes: usize) -> Result<Cluster> {
+        let started = Instant::now();
+        let image = broker::choose_image().await;
+        let network = super::unique_name("onceflow-cluster");
+        let names: Vec<String> = (1..=nodes).map(|i| format!("{network}-{i}")).collect();
+        let voters = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| format!("{}@{name}:9093", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let replication = nodes.min(3).to_string();
+        let min_isr = if nodes >= 3 { "2" } else { "1" };
+        let mut started_nodes = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let id = i as i32 + 1;
+            let (image, network, name, voters, replication) = (
+                image.clone(),
+                network.clone(),
+                name.clone(),
+                voters.clone(),
+                replication.clone(),
+            );
+            let image_name = image.clone();
+            let request = move |[port]: [u16; 1]| {
+                broker::single_node(&image, "cluster")
+                    .with_network(network.clone())
+                    .with_container_name(name.clone())
+                    .with_mapped_port(port, ContainerPort::Tcp(9092))
+                    .with_env_var("KAFKA_NODE_ID", id.to_string())
+                    .with_env_var("KAFKA_CONTROLLER_QUORUM_VOTERS", voters.clone())
+                    .with_env_var(
+                        "KAFKA_LISTENERS",
+                        "PLAINTEXT://:9092,CONTROLLER://:9093,BROKER://:9094",
+                    )
+                    .with_env_var(
+                        "KAFKA_ADVERTISED_LISTENERS",
+                        format!("PLAINTEXT://127.0.0.1:{port},BROKER://{name}:9094"),
+                    )
+                    .with_env_var(
+                        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+                        "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,BROKER:PLAINTEXT",
+                    )
+                    .with_env_var("KAFKA_DEFAULT_REPLICATION_FACTOR", replication.clone())
+                    .with_env_var("KAFKA_MIN_INSYNC_REPLICAS", min_isr)
+                    .with_env_var(
+                        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+                        replication.clone(),
+                    )
+                    .with_env_var(
+                        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+                        replication.clone(),
+                    )
+                    .with_env_var("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", min_isr)
+                    .with_env_var(
+                        "KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS",
+                        COORDINATOR_PARTITIONS.to_string(),
+                    )
+                    .with_env_var(
+                        "KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS",
+                        COORDINATOR_PARTITIONS.to_string(),
+                    )
+                    .with_env_var("KAFKA_HEAP_OPTS", "-Xmx512m -Xms256m")
+            };
+            let spawned = DOCKER
+                .spawn(async move { broker::start_with_ports(&image_name, request).await })
+                .await
+                .map_err(|e| Error::Broker(format!("starting node {id}: {e}")))?;
+            let (container, [port]) = spawned
+                .map_err(|e| Error::Broker(format!("could not start cluster node {id}: {e}")))?;
+            started_nodes.push(Node {
+                id,
+                container,
+                port,
+            });
+        }
+        let bootstrap = started_nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let cluster = Cluster {
+            kafka: Kafka {
+                options: ClientOptions::new(bootstrap),
+                broker: Broker::External,
+            },
+            nodes: started_nodes,
+            network,
+            started_in: Duration::ZERO,
+        };
+        cluster.wait_healthy(broker::ready_timeout()?).await?;
+        let started_in = started.elapsed();
+        tracing::info!(
+            nodes,
+            ?started_in,
+            bootstrap = cluster.bootstrap_servers(),
+            "test cluster ready"
+        );
+        Ok(Cluster {
+            started_in,
+            ..cluster
+        })
+    }
+
+    /// The cluster as a [`Kafka`] (topics, produce, read, offsets), bootstrapping from
+    /// every node.
+    pub fn kafka(&self) -> &Kafka {
+        &self.kafka
+    }
+
+    /// `host:port,…` of every node.
+    pub fn bootstrap_servers(&self) -> &str {
+        self.kafka.bootstrap_servers()
+    }
+
+    /// The IDs of the nodes (1, 2, 3).
+    pub fn node_ids(&self) -> Vec<i32> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// Waits until every node answers for itself, lists every other one, and a topic
+    /// with a replica on every node takes an `acks=all` write.
+    pub async fn wait_healthy(&self, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        let replication = self.nodes.len().min(3).to_string();
+        let mut last = String::new();
+        while started.elapsed() < timeout {
+            let attempt = async {
+                for node in &self.nodes {
+                    let options = ClientOptions::new(format!("127.0.0.1:{}", node.port));
+                    let brokers =
+                        client::with_metadata(&options, None, |m| m.brokers().len()).await?;
+                    if brokers < self.nodes.len() {
+                        return Err(Error::Broker(format!(
+                            "node {} lists {brokers} of {} nodes",
+                            node.id,
+                            self.nodes.len()
+                        )));
+                    }
+                }
+                let probe = "__onceflow_cluster_ready";
+                let configs = [("replication.factor", replication.as_str())];
+                match client::create_topic(
+                    &self.kafka.options,
+                    probe,
+                    1,
+                    &configs,
+                    Duration::from_secs(10),
+                )
+                .await
+                {
+                    Err(error)
+                        if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {
+                    }
+                    other => other?,
+                }
+                let isr = self.in_sync(probe, 0).await?;
+                if isr.len() < self.nodes.len() {
+                    return Err(Error::Broker(format!(
+                        "probe topic in sync on {isr:?} only"
+                    )));
+                }
+                client::probe(&self.kafka.options, probe, Duration::from_secs(10)).await
+            };
+            match attempt.await {
+                Ok(()) => return Ok(()),
+                Err(error) => last = error.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Err(Error::Broker(format!(
+            "the cluster did not become healthy within {timeout:?}: {last}"
+        )))
+    }
+
+    /// The node that leads `topic` [`partition`].
+    pub async fn leader(&self, topic: &str, partition: i32) -> Result<i32> {
+        let topic_name = topic.to_owned();
+        let leader = client::with_metadata(&self.kafka.options, Some(topic), move |m| {
+            m.topics()
+                .iter()
+                .find(|t| t.name() == topic_name)
+                .and_then(|t| t.partitions().iter().find(|p| p.id() == partition))
+                .map(|p| p.leader())
+        })
+        .await?;
+        leader
+            .filter(|id| *id >= 0)
+            .ok_or_else(|| Error::Broker(format!("`{topic}` [{partition}] has no leader now")))
+    }
+
+    /// The nodes in sync for `topic` [`partition`].
+    pub async fn in_sync(&self, topic: &str, partition: i32) -> Result<Vec<i32>> {
+        let topic_name = topic.to_owned();
+        client::with_metadata(&self.kafka.options, Some(topic), move |m| {
+            m.topics()
+                .iter()
+                .find(|t| t.name() == topic_name)
+                .and_then(|t| t.partitions().iter().find(|p| p.id() == partition))
+                .map(|p| p.isr().to_vec())
+                .unwrap_or_default()
+        })
+        .await
+    }
+
+    /// The node that coordinates the transactions of `transactional_id`.
+    pub async fn transaction_coordinator(&self, transactional_id: &str) -> Result<i32> {
+        self.leader(
+            "__transaction_state",
+            coordinator_partition(transactional_id),
+        )
+        .await
+    }
+
+    /// The node that coordinates consumer group `group`.
+    pub async fn group_coordinator(&self, group: &str) -> Result<i32> {
+        self.leader("__consumer_offsets", coordinator_partition(group))
+            .await
+    }
+
+    /// Kills node `id` at once (SIGKILL: no shutdown, no flush); its data stays.
+    pub async fn kill(&self, id: i32) -> Result<()> {
+        let container = self.container(id)?;
+        docker("kill", move |docker| async move {
+            let options = KillContainerOptions {
+                signal: "SIGKILL".into(),
+            };
+            docker.kill_container(&container, Some(options)).await
+        })
+        .await
+    }
+
+    /// Starts a killed or stopped node `id` again, with its data.
+    pub async fn start_node(&self, id: i32) -> Result<()> {
+        let container = self.container(id)?;
+        docker("start", move |docker| async move {
+            docker
+                .start_container(&container, None::<StartContainerOptions>)
+                .await
+        })
+        .await
+    }
+
+    /// Stops node `id` cleanly (SIGTERM; it moves its leaderships away) and starts it
+    /// again.
+    pub async fn restart(&self, id: i32) -> Result<()> {
+        let container = self.container(id)?;
+        docker("stop", move |docker| async move {
+            let options = StopContainerOptions {
+                t: Some(60),
+                signal: None,
+            };
+            docker.stop_container(&container, Some(options)).await
+        })
+        .await?;
+        self.start_node(id).await
+    }
+
+    /// Freezes node `id` (every request to it goes unanswered) until
+    /// [`Cluster::unpause`].
+    pub async fn pause(&self, id: i32) -> Result<()> {
+        let container = self.container(id)?;
+        docker("pause", move |docker| async move {
+            docker.pause_container(&container).await
+        })
+        .await
+    }
+
+    /// Lets a paused node go on.
+    pub async fn unpause(&self, id: i32) -> Result<()> {
+        let container = self.container(id)?;
+        docker("unpause", move |docker| async move {
+            docker.unpause_container(&container).await
+        })
+        .await
+    }
+
+    /// Cuts node `id` off the cluster's network: from the other nodes and from clients
+    /// (its host port goes through the same network) until [`Cluster::reconnect`].
+    pub async fn disconnect(&self, id: i32) -> Result<()> {
+        let container = self.container(id)?;
+        let network = self.network.clone();
+        docker("disconnect", move |docker| async move {
+            let request = NetworkDisconnectRequest {
+                container,
+                force: Some(true),
+            };
+            docker.disconnect_network(&network, request).await
+        })
+        .await
+    }
+
+    /// Puts a disconnected node back on the network (its name resolves again).
+    pub async fn reconnect(&self, id: i32) -> Result<()> {
+        let container = self.container(id)?;
+        let network = self.network.clone();
+        docker("reconnect", move |docker| async move {
+            let request = NetworkConnectRequest {
+                container,
+                endpoint_config: None,
+            };
+            docker.connect_network(&network, request).await
+        })
+        .await
+    }
+
+    fn container(&self, id: i32) -> Result<String> {
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .map(|n| n.container.clone())
+            .ok_or_else(|| Error::Broker(format!("the cluster has no node {id}")))
+    }
+
+    /// [`Cluster::wait_healthy`] with the default healing time.
+    pub async fn heal(&self) -> Result<()> {
+        self.wait_healthy(HEAL_TIMEOUT).await
+    }
+}
+
+/// Runs a Docker call on the testkit's runtime (the containers outlive any one test's).
+async fn docker<F, Fut>(what: &'static str, call: F) -> Result<()>
+where
+    F: FnOnce(Docker) -> Fut + Send + 'static,
+    Fut: Future<Output = std::result::Result<(), testcontainers::bollard::errors::Error>> + Send,
+{
+    DOCKER
+        .spawn(async move {
+            let docker = Docker::connect_with_defaults()
+                .map_err(|e| Error::Broker(format!("{what}: no Docker engine: {e}")))?;
+            call(docker)
+                .await
+                .map_err(|e| Error::Broker(format!("{what} a cluster node: {e}")))
+        })
+        .await
+        .map_err(|e| Error::Broker(format!("{what}: {e}")))?
+}
+
+/// The partition of `__transaction_state` or `__consumer_offsets` whose leader
+/// coordinates `id`: Kafka's `Utils.abs(id.hashCode()) % partitions`, with Java's
+/// `String.hashCode` over UTF-16 code units.
+fn coordinator_partition(id: &str) -> i32 {
+    let hash = id.encode_utf16().fold(0i32, |hash, unit| {
+        hash.wrapping_mul(31).wrapping_add(i32::from(unit))
+    });
+    let abs = if hash == i32::MIN { 0 } else { hash.abs() };
+    abs % COORDINATOR_PARTITIONS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coordinators_are_found_by_javas_string_hash() {
+        // What jshell (Java 17) prints for "billing".hashCode() and for a non-ASCII ID.
+        assert_eq!(coordinator_partition("billing"), 109_829_509 % 4);
+        assert_eq!(coordinator_partition("onceflow-txn-é"), 90_996_184 % 4);
+        assert_eq!(coordinator_partition(""), 0);
+    }
+}
