@@ -27,6 +27,18 @@ pub enum Error {
         /// What the caller should do.
         class: ErrorClass,
     },
+    /// A call of the transactional producer did not return long after its own timeout
+    /// (librdkafka's coordinator requests can ignore it, e.g. when the group coordinator
+    /// died). The producer is abandoned and a new one takes the transactional ID.
+    #[error(
+        "{call} did not return within {after:?}, past its own timeout; the producer is replaced"
+    )]
+    ProducerStuck {
+        /// The call, e.g. `send_offsets_to_transaction`.
+        call: String,
+        /// How long it was waited for.
+        after: Duration,
+    },
     /// Something did not happen before its deadline.
     #[error("{what} did not happen within {after:?}: {detail}")]
     Timeout {

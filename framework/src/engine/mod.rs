@@ -88,6 +88,9 @@ const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 pub(super) const REPLAY_WAIT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long the start-up connection check waits for the cluster to answer.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Joins in a row, with no batch committed between, after the consumer's static member
+/// was fenced (by itself or by a successor) before the instance gives up.
+const MAX_REJOINS: u32 = 5;
 
 /// Named points (feature `failpoints`): `onceflow-after-process`, `onceflow-after-produce`,
 /// `onceflow-before-send-offsets`, `onceflow-before-commit`,
@@ -214,13 +217,15 @@ impl Engine {
         startup::check_topics(options, &config).await?;
 
         let mut producer = seams::new_producer(options, &config).await?;
-        let consumer = InputConsumer::subscribe(
-            options,
-            &config.group,
-            &config.instance_id,
-            &config.input_topic,
-            Isolation::ReadCommitted,
-        )?;
+        let subscribe = || {
+            InputConsumer::subscribe(
+                options,
+                &config.group,
+                &config.instance_id,
+                &config.input_topic,
+                Isolation::ReadCommitted,
+            )
+        };
         let changelog = config.changelog_topic();
         let declared: BTreeSet<String> = config.output_topics.iter().cloned().collect();
         let producer_limit = config
@@ -253,117 +258,151 @@ impl Engine {
             },
             held: std::sync::Mutex::default(),
         };
-        let parts = Parts {
-            config: &config,
-            consumer: &consumer,
-            txlog: &txlog,
-            stats: &self.stats,
-            declared: &declared,
-            changelog: &changelog,
-            output_limits: &output_limits,
-        };
-        let mut owned = BTreeSet::new();
-        // Batches that failed in a row, and whether one of them failed on a record the
-        // broker refused: then, after ISOLATE_AFTER failures, records go one per
-        // transaction until the one that fails is found. (Sticky: after a refusal the
-        // next transaction may fail on the idempotence sequence instead, which librdkafka
-        // repairs with an epoch bump; that does not mean the culprit is gone.)
-        let mut failures = 0u32;
-        let mut refused = false;
+        // Times in a row the consumer was made again after librdkafka fenced its own
+        // static member (see below), with no batch committed since.
+        let mut rejoins = 0u32;
         let outcome = loop {
-            if self.shutdown.is_triggered() {
-                break Ok(());
-            }
-            // What the polls of a held consumer brought comes first (rebalances served
-            // while catching up or backing off).
-            let mut polled = resync.take_held();
-            if polled.rebalances.is_empty() && polled.records.is_empty() {
-                polled = match consumer
-                    .poll(config.max_batch_records, config.commit_interval)
-                    .await
-                {
-                    Ok(polled) => polled,
-                    Err(error) if error.is_fatal() => break Err(error),
-                    Err(error) => {
-                        tracing::warn!(%error, "poll failed; polling again");
-                        continue;
-                    }
-                };
-            }
-            if let Err(error) = follow_rebalances(&resync, &consumer, &mut owned, &mut polled).await
-            {
-                break Err(error);
-            }
-            self.stats.set_phase(Phase::Running);
-            if polled.records.is_empty() {
-                continue;
-            }
-            let span = tracing::info_span!("batch", records = polled.records.len());
-            let one_by_one =
-                refused && failures >= ISOLATE_AFTER && config.delivery != DeliveryMode::AtMostOnce;
-            let failed = if one_by_one {
-                isolate(
-                    &parts,
-                    &resync,
-                    &mut processor,
-                    &mut producer,
-                    &owned,
-                    polled.records,
-                )
-                .instrument(span)
-                .await
-            } else {
-                parts
-                    .batch(&producer)
-                    .run(&mut processor, polled.records)
-                    .instrument(span)
-                    .await
-                    .err()
-                    .map(Failed::Batch)
+            let consumer = match subscribe() {
+                Ok(consumer) => consumer,
+                Err(error) => break Err(error),
             };
-            let error = match failed {
-                // A batch committed, or the record that failed the others was found and
-                // dead-lettered (the records after it come again, in a batch as usual).
-                None | Some(Failed::Isolated) => {
-                    if failures > 0 {
-                        metrics::gauge!("onceflow_consecutive_aborts").set(0.0);
-                    }
-                    failures = 0;
-                    refused = false;
+            let parts = Parts {
+                config: &config,
+                consumer: &consumer,
+                txlog: &txlog,
+                stats: &self.stats,
+                declared: &declared,
+                changelog: &changelog,
+                output_limits: &output_limits,
+            };
+            let mut owned = BTreeSet::new();
+            // Batches that failed in a row, and whether one of them failed on a record the
+            // broker refused: then, after ISOLATE_AFTER failures, records go one per
+            // transaction until the one that fails is found. (Sticky: after a refusal the
+            // next transaction may fail on the idempotence sequence instead, which librdkafka
+            // repairs with an epoch bump; that does not mean the culprit is gone.)
+            let mut failures = 0u32;
+            let mut refused = false;
+            let inner = loop {
+                if self.shutdown.is_triggered() {
+                    break Ok(());
+                }
+                // What the polls of a held consumer brought comes first (rebalances served
+                // while catching up or backing off).
+                let mut polled = resync.take_held();
+                if polled.rebalances.is_empty() && polled.records.is_empty() {
+                    polled = match consumer
+                        .poll(config.max_batch_records, config.commit_interval)
+                        .await
+                    {
+                        Ok(polled) => polled,
+                        Err(error) if error.is_fatal() => break Err(error),
+                        Err(error) => {
+                            tracing::warn!(%error, "poll failed; polling again");
+                            continue;
+                        }
+                    };
+                }
+                if let Err(error) =
+                    follow_rebalances(&resync, &consumer, &mut owned, &mut polled).await
+                {
+                    break Err(error);
+                }
+                self.stats.set_phase(Phase::Running);
+                if polled.records.is_empty() {
                     continue;
                 }
-                Some(Failed::Stop(error)) => break Err(error),
-                Some(Failed::Batch(error)) => error,
+                let span = tracing::info_span!("batch", records = polled.records.len());
+                let one_by_one = refused
+                    && failures >= ISOLATE_AFTER
+                    && config.delivery != DeliveryMode::AtMostOnce;
+                let failed = if one_by_one {
+                    isolate(
+                        &parts,
+                        &resync,
+                        &mut processor,
+                        &mut producer,
+                        &owned,
+                        polled.records,
+                    )
+                    .instrument(span)
+                    .await
+                } else {
+                    parts
+                        .batch(&producer)
+                        .run(&mut processor, polled.records)
+                        .instrument(span)
+                        .await
+                        .err()
+                        .map(Failed::Batch)
+                };
+                let error = match failed {
+                    // A batch committed, or the record that failed the others was found and
+                    // dead-lettered (the records after it come again, in a batch as usual).
+                    None | Some(Failed::Isolated) => {
+                        rejoins = 0;
+                        if failures > 0 {
+                            metrics::gauge!("onceflow_consecutive_aborts").set(0.0);
+                        }
+                        failures = 0;
+                        refused = false;
+                        continue;
+                    }
+                    Some(Failed::Stop(error)) => break Err(error),
+                    Some(Failed::Batch(error)) => error,
+                };
+                Stats::add(&self.stats.aborts, 1);
+                if let Err(stop) = recover(&resync, &consumer, &mut producer, &owned, &error).await
+                {
+                    break Err(stop);
+                }
+                if stops_the_instance(&error) {
+                    break Err(error);
+                }
+                failures += 1;
+                refused |=
+                    error.is_rejection() || matches!(error, Error::TransactionTimedOut { .. });
+                let delay = abort_backoff(failures);
+                metrics::gauge!("onceflow_consecutive_aborts").set(f64::from(failures));
+                // Rate-limited: a batch that fails every time must not flood the logs.
+                if failures <= 3 || failures.is_power_of_two() {
+                    tracing::warn!(
+                        %error,
+                        consecutive = failures,
+                        ?delay,
+                        one_by_one = refused && failures >= ISOLATE_AFTER,
+                        "batch aborted and rewound; going on"
+                    );
+                }
+                if let Err(stop) = resync.pause_for(&consumer, delay).await {
+                    break Err(stop);
+                }
             };
-            Stats::add(&self.stats.aborts, 1);
-            if let Err(stop) = recover(&resync, &consumer, &mut producer, &owned, &error).await {
-                break Err(stop);
+            if let Err(error) = &inner
+                && config.delivery == DeliveryMode::ExactlyOnce
+                && consumer.member_fenced()
+                && rejoins < MAX_REJOINS
+            {
+                // A static member is fenced by a join under its group.instance.id. Not
+                // only by a successor: when the group coordinator was away longer than
+                // the session, librdkafka rejoins and a request still carrying the old
+                // member ID fences the consumer itself (KAFKA-20985 is the same for Kafka
+                // Streams). Joining again is safe in exactly-once mode: a real successor
+                // has initialised the transactional ID too, so this instance's next
+                // commit is refused as fenced and it stops then, having made nothing
+                // visible.
+                rejoins += 1;
+                tracing::warn!(%error, rejoins, "the consumer's static membership was fenced; joining the group again (a successor with this instance ID would fence the producer too)");
+                drop(resync.take_held());
+                drop(consumer);
+                continue;
             }
-            if stops_the_instance(&error) {
-                break Err(error);
+            if let Err(error) = consumer.close().await {
+                tracing::warn!(%error, "leaving the group failed");
             }
-            failures += 1;
-            refused |= error.is_rejection() || matches!(error, Error::TransactionTimedOut { .. });
-            let delay = abort_backoff(failures);
-            metrics::gauge!("onceflow_consecutive_aborts").set(f64::from(failures));
-            // Rate-limited: a batch that fails every time must not flood the logs.
-            if failures <= 3 || failures.is_power_of_two() {
-                tracing::warn!(
-                    %error,
-                    consecutive = failures,
-                    ?delay,
-                    one_by_one = refused && failures >= ISOLATE_AFTER,
-                    "batch aborted and rewound; going on"
-                );
-            }
-            if let Err(stop) = resync.pause_for(&consumer, delay).await {
-                break Err(stop);
-            }
+            break inner;
         };
 
-        if let Err(error) = consumer.close().await {
-            tracing::warn!(%error, "leaving the group failed");
-        }
         drop(producer);
         self.stats.set_phase(Phase::Stopped);
         let snapshot = self.stats.snapshot();

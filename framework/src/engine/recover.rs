@@ -135,7 +135,7 @@ pub(super) async fn isolate<P: Processor, R: Restore, N: Renew<OutputProducer>>(
 /// and a record failure under `on_error = stop` (it would fail the same way on the same
 /// record forever).
 pub(super) fn stops_the_instance(error: &Error) -> bool {
-    error.is_fatal()
+    (error.is_fatal() && !producer_state_lost(error))
         || matches!(
             error,
             Error::Processing { .. }
@@ -143,6 +143,24 @@ pub(super) fn stops_the_instance(error: &Error) -> bool {
                 | Error::Encode { .. }
                 | Error::Corrupt { .. }
         )
+}
+
+/// A fatal error of the producer's transactional state that is not a fence: the
+/// coordinator aborted the transaction under it (it moved, or timed the transaction out)
+/// and the producer cannot go on, but the transactional ID is still this instance's. A
+/// new producer takes over; the instance does not stop. (A successor would have fenced the
+/// producer: that is `Error::Fenced`, and it stops.)
+pub(super) fn producer_state_lost(error: &Error) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    error.is_fatal()
+        && [
+            C::InvalidTransactionalState,
+            C::OutOfOrderSequenceNumber,
+            C::UnknownProducerId,
+            C::Fatal,
+        ]
+        .into_iter()
+        .any(|code| error.has_code(code))
 }
 
 /// What re-synchronising with the group needs besides the clients: the changelog replay
@@ -219,13 +237,17 @@ where
     if matches!(cause, Error::Fenced { .. }) {
         return Ok(None);
     }
-    if let Error::TransactionTimedOut { .. } = cause {
+    if matches!(
+        cause,
+        Error::TransactionTimedOut { .. } | Error::ProducerStuck { .. }
+    ) || producer_state_lost(cause)
+    {
         // The coordinator aborted the transaction and bumped the producer's epoch: this
         // producer is unusable, but no other instance has the transactional ID.
         if let Some(fatal) = consumer.fatal_error() {
             return Err(fatal);
         }
-        tracing::warn!(error = %cause, "recreating the producer after a transaction timeout");
+        tracing::warn!(error = %cause, "recreating the producer: its transaction was aborted under it");
         *producer = retry_transient("recreate the producer", || resync.renew.renew()).await?;
     } else if config.delivery == DeliveryMode::ExactlyOnce
         && let Err(error) = producer.abort().await

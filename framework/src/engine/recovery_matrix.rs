@@ -244,3 +244,35 @@ async fn an_assignment_is_caught_up_before_its_records_and_a_rebalance_meanwhile
     assert_eq!(rig.kafka.calls(), [catch_up.clone(), catch_up].concat());
     assert_eq!(rig.stats.snapshot().assignments, 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_transaction_aborted_under_the_producer_renews_it_and_the_instance_goes_on() {
+    use crate::engine::recover::stops_the_instance;
+
+    // What librdkafka raises after the coordinator moved and aborted the transaction.
+    let lost = Error::Kafka {
+        operation: "begin_transaction".into(),
+        code: rdkafka::types::RDKafkaErrorCode::InvalidTransactionalState.into(),
+        message: "invalid state".into(),
+        class: ErrorClass::Fatal,
+    };
+    assert!(!stops_the_instance(&lost));
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.recover(&lost).await.expect("recovered");
+    assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
+    // A fence is not that: it stops.
+    assert!(stops_the_instance(&fenced()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_producer_stuck_in_a_call_is_replaced_without_asking_it_to_abort() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    let stuck = Error::ProducerStuck {
+        call: "send_offsets_to_transaction".into(),
+        after: Duration::from_secs(25),
+    };
+    assert!(!crate::engine::recover::stops_the_instance(&stuck));
+    rig.recover(&stuck).await.expect("recovered");
+    // An abort would queue behind the stuck call.
+    assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
+}

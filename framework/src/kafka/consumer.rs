@@ -465,6 +465,15 @@ impl InputConsumer {
         })
     }
 
+    /// Whether librdkafka fenced this consumer's static membership (a fatal
+    /// `FENCED_INSTANCE_ID`): someone joined under its `group.instance.id`.
+    pub(crate) fn member_fenced(&self) -> bool {
+        self.consumer
+            .client()
+            .fatal_error()
+            .is_some_and(|(code, _)| code == rdkafka::types::RDKafkaErrorCode::FencedInstanceId)
+    }
+
     /// Leaves the group (revoking every partition), so others take over at once.
     pub(crate) async fn close(self) -> Result<()> {
         let consumer = self.consumer;

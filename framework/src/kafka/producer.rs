@@ -11,6 +11,10 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::{ClientOptions, InputConsumer, blocking, kafka_error};
 use crate::{Error, Result};
 
+/// How long past its own timeout a transactional call may block before the producer is
+/// given up (a commit may retry for the whole transaction timeout first).
+const STUCK_GRACE: Duration = Duration::from_secs(15);
+
 /// Where a sent record landed, once the broker acknowledged it.
 pub(crate) struct Pending {
     delivery: DeliveryFuture,
@@ -191,7 +195,7 @@ impl OutputProducer {
                 .map_err(|e| kafka_error("send_offsets_to_transaction", e))?;
         }
         let this = self.clone();
-        blocking("send_offsets_to_transaction", move || {
+        self.bounded("send_offsets_to_transaction", move || {
             this.producer
                 .send_offsets_to_transaction(&list, &metadata, this.transaction_timeout)
                 .map_err(|e| this.classify("send_offsets_to_transaction", e))
@@ -199,11 +203,48 @@ impl OutputProducer {
         .await
     }
 
+    /// Runs `work` (a blocking transactional call) on a thread of its own and gives up on
+    /// it when it has not returned well after the producer's own timeout: librdkafka can
+    /// block past it (its coordinator requests do not check their timeout when the
+    /// coordinator went away, librdkafka issues 5456 and 5511; seen here when the node
+    /// coordinating the group was killed). The caller then replaces the producer; the
+    /// blocked thread is left behind, detached (a thread of tokio's blocking pool would
+    /// keep the runtime, and the process, from shutting down).
+    async fn bounded<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        work: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let after = self.transaction_timeout + STUCK_GRACE;
+        let (done, result) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("onceflow-{call}"))
+            .spawn(move || {
+                let _ = done.send(work());
+            })
+            .map_err(|e| Error::Broker(format!("no thread for {call}: {e}")))?;
+        match tokio::time::timeout(after, result).await {
+            Ok(Ok(done)) => done,
+            Ok(Err(_)) => Err(Error::Broker(format!("{call} ended without an answer"))),
+            Err(_) => {
+                tracing::error!(
+                    call,
+                    ?after,
+                    "a producer call did not return past its timeout; abandoning the producer"
+                );
+                Err(Error::ProducerStuck {
+                    call: call.to_owned(),
+                    after,
+                })
+            }
+        }
+    }
+
     /// Commits the open transaction. A commit that times out is retried (librdkafka allows
     /// it) until `transaction.timeout.ms` has passed in all; then it is an error.
     pub(crate) async fn commit(&self) -> Result<()> {
         let this = self.clone();
-        blocking("commit_transaction", move || {
+        let commit = move || {
             let started = Instant::now();
             loop {
                 let left = this.transaction_timeout.saturating_sub(started.elapsed());
@@ -222,19 +263,19 @@ impl OutputProducer {
                     }
                 }
             }
-        })
-        .await
+        };
+        self.bounded("commit_transaction", commit).await
     }
 
     /// Aborts the open transaction.
     pub(crate) async fn abort(&self) -> Result<()> {
         let this = self.clone();
-        blocking("abort_transaction", move || {
+        let abort = move || {
             this.producer
                 .abort_transaction(this.transaction_timeout)
                 .map_err(|e| this.classify("abort_transaction", e))
-        })
-        .await
+        };
+        self.bounded("abort_transaction", abort).await
     }
 
     /// Waits until every queued record is acknowledged (non-transactional modes).
