@@ -42,6 +42,10 @@ pub(crate) struct RebalanceLog {
 }
 
 impl ClientContext for RebalanceLog {
+    fn error(&self, error: KafkaError, reason: &str) {
+        super::error::log_client_error(error, reason);
+    }
+
     /// librdkafka's statistics (every `statistics.interval.ms`) give each assigned
     /// partition's consumer lag: the last stable offset less the next offset the engine
     /// takes. Offsets commit through the producer's transaction, which librdkafka's own

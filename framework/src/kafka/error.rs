@@ -58,6 +58,35 @@ pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) ->
     }
 }
 
+/// Logs what librdkafka reports through its error callback at the level it deserves: a
+/// node or connection going away is routine in a cluster (every restart of a broker makes
+/// its clients report refused connections), so WARN; only what cannot go on is ERROR; the
+/// end of a partition is routine (TRACE). rust-rdkafka's default logs all of it as ERROR,
+/// which teaches operators to ignore ERROR.
+pub(crate) fn log_client_error(error: KafkaError, reason: &str) {
+    if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
+        tracing::trace!(%error, reason, "end of partition");
+        return;
+    }
+    let translated = kafka_error("librdkafka", error);
+    if translated.is_fatal() {
+        tracing::error!(error = %translated, reason, "librdkafka error");
+    } else {
+        tracing::warn!(error = %translated, reason, "librdkafka error");
+    }
+}
+
+/// The client context of the engine's producer: librdkafka's errors logged by
+/// [`log_client_error`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Quiet;
+
+impl rdkafka::ClientContext for Quiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        log_client_error(error, reason);
+    }
+}
+
 /// Whether `code` says a record was refused for good: the same record fails the same
 /// way however often it is sent (librdkafka's local size check, the broker's size,
 /// validation and topic checks).
@@ -111,9 +140,56 @@ fn classify_code(code: RDKafkaErrorCode) -> ErrorClass {
     }
 }
 
+/// The level of every event `run` logs (for tests of what is logged how).
+#[cfg(test)]
+pub(crate) fn levels_logged(run: impl FnOnce()) -> Vec<tracing::Level> {
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+    struct Levels(Arc<Mutex<Vec<tracing::Level>>>);
+    impl<S: tracing::Subscriber> Layer<S> for Levels {
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            self.0
+                .lock()
+                .expect("levels")
+                .push(*event.metadata().level());
+        }
+    }
+    let levels = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(Levels(Arc::clone(&levels)));
+    tracing::subscriber::with_default(subscriber, run);
+    levels.lock().map(|seen| seen.clone()).expect("levels")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A broker restarting makes every client report refused connections: WARN, so
+    /// that ERROR stays for what cannot go on.
+    #[test]
+    fn librdkafka_errors_are_logged_at_the_level_they_deserve() {
+        use rdkafka::ClientContext;
+        let levels = levels_logged(|| {
+            Quiet.error(
+                KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+                "Connect to ipv4#127.0.0.1:9092 failed: Connection refused",
+            );
+            Quiet.error(KafkaError::Global(RDKafkaErrorCode::PartitionEOF), "end");
+            Quiet.error(
+                KafkaError::Global(RDKafkaErrorCode::Fatal),
+                "Fatal error: fenced",
+            );
+        });
+        assert_eq!(
+            levels,
+            [
+                tracing::Level::WARN,
+                tracing::Level::TRACE,
+                tracing::Level::ERROR
+            ]
+        );
+    }
 
     #[test]
     fn fencing_is_fatal_and_timeouts_are_retriable() {

@@ -8,6 +8,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::error::Quiet;
 use super::{ClientOptions, InputConsumer, blocking, kafka_error};
 use crate::{Error, Result};
 
@@ -46,7 +47,7 @@ impl Pending {
 /// The producer of outputs and changelog records.
 #[derive(Clone)]
 pub(crate) struct OutputProducer {
-    producer: FutureProducer,
+    producer: FutureProducer<Quiet>,
     transactional_id: Option<String>,
     transaction_timeout: Duration,
 }
@@ -68,14 +69,14 @@ impl OutputProducer {
         transaction_timeout: Duration,
     ) -> Result<Self> {
         let timeout_ms = transaction_timeout.as_millis().to_string();
-        let producer: FutureProducer = options
+        let producer: FutureProducer<Quiet> = options
             .config(&[
                 ("transactional.id", transactional_id),
                 ("enable.idempotence", "true"),
                 ("transaction.timeout.ms", &timeout_ms),
                 ("linger.ms", "5"),
             ])
-            .create()
+            .create_with_context(Quiet)
             .map_err(|e| kafka_error("create the transactional producer", e))?;
         let init = producer.clone();
         blocking("init_transactions", move || {
@@ -92,13 +93,13 @@ impl OutputProducer {
 
     /// An idempotent, non-transactional producer (at-least-once and at-most-once).
     pub(crate) fn idempotent(options: &ClientOptions) -> Result<Self> {
-        let producer: FutureProducer = options
+        let producer: FutureProducer<Quiet> = options
             .config(&[
                 ("enable.idempotence", "true"),
                 ("acks", "all"),
                 ("linger.ms", "5"),
             ])
-            .create()
+            .create_with_context(Quiet)
             .map_err(|e| kafka_error("create the producer", e))?;
         Ok(OutputProducer {
             producer,

@@ -32,12 +32,7 @@ pub(crate) struct Reader;
 
 impl ClientContext for Reader {
     fn error(&self, error: KafkaError, reason: &str) {
-        match error.rdkafka_error_code() {
-            Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) => {
-                tracing::trace!(%error, reason, "end of partition")
-            }
-            _ => tracing::warn!(%error, reason, "librdkafka error while reading"),
-        }
+        super::error::log_client_error(error, reason);
     }
 }
 
@@ -262,34 +257,18 @@ pub(crate) fn read_partition(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use rdkafka::types::RDKafkaErrorCode;
-    use tracing::{Level, Subscriber};
-    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+    use tracing::Level;
 
     use super::*;
-
-    /// The level of every event logged.
-    struct Levels(Arc<Mutex<Vec<Level>>>);
-
-    impl<S: Subscriber> Layer<S> for Levels {
-        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-            self.0
-                .lock()
-                .expect("levels")
-                .push(*event.metadata().level());
-        }
-    }
+    use crate::kafka::error::levels_logged;
 
     /// Item 16: every replay reached the end of its partition, and librdkafka reports
     /// that through the error callback; logged as ERROR it taught operators to ignore
     /// ERROR. It is routine; a real error is still a warning.
     #[test]
     fn the_end_of_a_partition_is_not_logged_as_an_error() {
-        let levels = Arc::new(Mutex::new(Vec::new()));
-        let subscriber = tracing_subscriber::registry().with(Levels(Arc::clone(&levels)));
-        tracing::subscriber::with_default(subscriber, || {
+        let levels = levels_logged(|| {
             Reader.error(
                 KafkaError::Global(RDKafkaErrorCode::PartitionEOF),
                 "Fetch from broker 1 reached end of partition",
@@ -299,6 +278,6 @@ mod tests {
                 "Disconnected",
             );
         });
-        assert_eq!(*levels.lock().expect("levels"), [Level::TRACE, Level::WARN]);
+        assert_eq!(levels, [Level::TRACE, Level::WARN]);
     }
 }
