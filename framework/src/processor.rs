@@ -7,7 +7,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::event::{Codec, Event, Json};
-use crate::txlog::{Overlay, Snapshot};
 use crate::{Error, Result};
 
 /// A stream processor: handles one decoded input event at a time.
@@ -104,16 +103,23 @@ impl Output {
     }
 }
 
+/// Where a record's state lives while it is processed. The engine's is the transaction
+/// log's layered read (`txlog::Layers`: the record's own writes over the batch's over the
+/// committed log), so a failed attempt leaves nothing behind; `State` knows only this.
+pub(crate) trait StateStore: Send {
+    /// The value of `key` in `partition`, as the record sees it.
+    fn get(&self, partition: i32, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Sets `key` of `partition` to `value`.
+    fn put(&mut self, partition: i32, key: Vec<u8>, value: Vec<u8>);
+    /// Deletes `key` of `partition`.
+    fn delete(&mut self, partition: i32, key: Vec<u8>);
+}
+
 /// What a processor can do while handling one event.
 pub struct Context<'a> {
     pub(crate) meta: &'a RecordMeta,
-    /// This record's writes: merged into the batch only if the processor succeeds, so a
-    /// failed attempt leaves nothing behind.
-    pub(crate) overlay: &'a mut Overlay,
-    /// The batch's writes so far.
-    pub(crate) batch: &'a Overlay,
-    /// The committed log as of the batch's start (or its last split).
-    pub(crate) txlog: &'a Snapshot<'a>,
+    /// The record's reads and writes of state.
+    pub(crate) state: &'a mut dyn StateStore,
     pub(crate) outputs: &'a mut Vec<Output>,
     pub(crate) declared_outputs: &'a BTreeSet<String>,
 }
@@ -207,9 +213,7 @@ impl Context<'_> {
     pub fn state(&mut self) -> State<'_> {
         State {
             partition: self.meta.partition,
-            overlay: self.overlay,
-            batch: self.batch,
-            txlog: self.txlog,
+            store: &mut *self.state,
         }
     }
 
@@ -237,9 +241,7 @@ impl Context<'_> {
 /// Typed key-value state scoped to one input partition (values as JSON).
 pub struct State<'a> {
     partition: i32,
-    overlay: &'a mut Overlay,
-    batch: &'a Overlay,
-    txlog: &'a Snapshot<'a>,
+    store: &'a mut dyn StateStore,
 }
 
 impl std::fmt::Debug for State<'_> {
@@ -253,16 +255,8 @@ impl std::fmt::Debug for State<'_> {
 impl State<'_> {
     /// The value under `key`, if any.
     pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
-        let key_bytes = key.as_bytes();
-        let bytes = match self
-            .overlay
-            .get(self.partition, key_bytes)
-            .or_else(|| self.batch.get(self.partition, key_bytes))
-        {
-            Some(written) => written.map(<[u8]>::to_vec),
-            None => self.txlog.state(self.partition, key_bytes)?,
-        };
-        bytes
+        self.store
+            .get(self.partition, key.as_bytes())?
             .map(|bytes| {
                 Json.decode(&bytes).map_err(|message| Error::Encode {
                     what: format!("state `{key}` (stored value does not decode)"),
@@ -278,13 +272,13 @@ impl State<'_> {
             what: format!("state `{key}`"),
             message,
         })?;
-        self.overlay
+        self.store
             .put(self.partition, key.as_bytes().to_vec(), bytes);
         Ok(())
     }
 
     /// Removes `key`.
     pub fn delete(&mut self, key: &str) {
-        self.overlay.delete(self.partition, key.as_bytes().to_vec());
+        self.store.delete(self.partition, key.as_bytes().to_vec());
     }
 }

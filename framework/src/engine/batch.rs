@@ -15,7 +15,7 @@ use crate::engine::seams::{Outgoing, Sink, Source};
 use crate::engine::stats::Stats;
 use crate::kafka;
 use crate::processor::Processor;
-use crate::txlog::{Change, Overlay, Snapshot, TxLog};
+use crate::txlog::{Change, Overlay, Snapshot, TxLog, View};
 use crate::{Error, Result};
 
 /// One batch's surroundings (the producer is the one recovery may have renewed).
@@ -158,8 +158,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             output_limits: self.output_limits,
         };
         let seen = Seen {
-            snapshot: &part.snapshot,
-            batch: &part.overlay,
+            view: View::new(&part.snapshot, &part.overlay),
             window_start_ms: part.window_start_ms,
         };
         let (outputs, writes, event_id) =

@@ -20,7 +20,7 @@ use crate::engine::dead_letters::FailureClass;
 use crate::event::{Codec, Event, Json};
 use crate::kafka;
 use crate::processor::{Context, Output, Processor, RecordMeta};
-use crate::txlog::{Change, Overlay, Snapshot};
+use crate::txlog::{Change, Overlay, View};
 use crate::{Error, Result};
 
 /// What the processing of one record is measured against.
@@ -35,8 +35,7 @@ pub(super) struct Rules<'a> {
 /// What a record is read against: the committed log as of the batch part's start, and
 /// the batch's writes since.
 pub(super) struct Seen<'a> {
-    pub(super) snapshot: &'a Snapshot<'a>,
-    pub(super) batch: &'a Overlay,
+    pub(super) view: View<'a>,
     /// Dedup entries processed before this are outside the window: not duplicates.
     pub(super) window_start_ms: i64,
 }
@@ -94,10 +93,9 @@ impl Rules<'_> {
             }
         };
         if let Some(id) = &event_id
-            && (seen.batch.is_processed(record.partition, id)
-                || seen
-                    .snapshot
-                    .is_processed(record.partition, id, seen.window_start_ms)?)
+            && seen
+                .view
+                .is_processed(record.partition, id, seen.window_start_ms)?
         {
             tracing::debug!(
                 partition = record.partition,
@@ -254,12 +252,10 @@ impl Rules<'_> {
                 },
             };
             let mut outputs = Vec::new();
-            let mut writes = Overlay::new();
+            let mut layers = seen.view.record();
             let mut ctx = Context {
                 meta,
-                overlay: &mut writes,
-                batch: seen.batch,
-                txlog: seen.snapshot,
+                state: &mut layers,
                 outputs: &mut outputs,
                 declared_outputs: self.declared,
             };
@@ -267,7 +263,7 @@ impl Rules<'_> {
                 .catch_unwind()
                 .await;
             let error = match call {
-                Ok(Ok(())) => return Processed::Done(outputs, writes),
+                Ok(Ok(())) => return Processed::Done(outputs, layers.into_writes()),
                 Ok(Err(error)) => error,
                 Err(panic) => {
                     let message = panic_message(&*panic);

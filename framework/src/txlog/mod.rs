@@ -42,6 +42,7 @@
 //! - No redb type leaves this module; no bad data makes it panic.
 
 mod change;
+mod layers;
 mod open;
 mod overlay;
 mod store;
@@ -50,6 +51,7 @@ mod tables;
 mod testutil;
 
 pub(crate) use change::Change;
+pub(crate) use layers::View;
 pub(crate) use open::check_private;
 pub(crate) use overlay::Overlay;
 pub(crate) use store::{Landed, Snapshot, TxLog};
