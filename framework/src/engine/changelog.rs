@@ -9,8 +9,10 @@
 //! Invariants:
 //! - Replay ends when the changelog's progress records reach the group's stable
 //!   committed offset, never merely at the last stable offset an open transaction holds.
-//! - A checkpoint past the high watermark means a recreated topic (the partition is
-//!   rebuilt); a malformed record stops the instance, it never clears a partition.
+//! - A recreated changelog is told by its topic ID at start (`startup::adopt_changelog`);
+//!   a checkpoint past the high watermark (a truncated partition, or a cluster without
+//!   topic IDs) rebuilds the partition too. A malformed record stops the instance; it
+//!   never clears a partition.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -215,6 +215,7 @@ impl Engine {
         startup::log_contents(&txlog);
         kafka::check_connection(options, CONNECT_TIMEOUT).await?;
         startup::check_topics(options, &config).await?;
+        startup::adopt_changelog(options, &config, &txlog).await?;
 
         let mut producer = seams::new_producer(options, &config).await?;
         let subscribe = || {

@@ -14,6 +14,7 @@ mod producer;
 mod read;
 mod replay;
 mod security;
+mod topic_id;
 mod types;
 #[cfg(feature = "testkit")]
 mod write;
@@ -30,6 +31,7 @@ pub(crate) use producer::{OutputProducer, Pending};
 pub(crate) use read::{committed_offsets, read_to_end};
 pub(crate) use replay::{ReadEnd, Until, read_partition};
 pub(crate) use security::{Resources, check_connection, explain};
+pub(crate) use topic_id::topic_id;
 #[cfg(feature = "testkit")]
 pub use types::{Isolation, OutgoingRecord, Record};
 #[cfg(not(feature = "testkit"))]

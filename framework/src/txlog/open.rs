@@ -16,7 +16,7 @@ use redb::{Builder, Database, Durability, ReadableTable, TableHandle};
 
 use super::tables::{
     CHECKPOINT, FORMAT_VERSION_KEY, Failure, MARKER_FOLLOWS, META, PROCESSED, PROCESSED_BY_TIME,
-    PROCESSED_COUNT, PROGRESS, STATE, STATE_COUNT, classify, state_error,
+    PROCESSED_COUNT, PROGRESS, SOURCE, STATE, STATE_COUNT, classify, state_error,
 };
 use super::{FORMAT_VERSION, Opened, TXLOG_FILE, TxLog};
 use crate::{Error, Result};
@@ -189,6 +189,7 @@ fn check_format(db: &Database) -> std::result::Result<Format, redb::Error> {
     // Added after format version 1 was released: opening creates them in older files.
     txn.open_table(MARKER_FOLLOWS)?;
     txn.open_table(PROGRESS)?;
+    txn.open_table(SOURCE)?;
     txn.set_durability(Durability::Immediate)?;
     txn.commit()?;
     Ok(Format::Current { initialized })

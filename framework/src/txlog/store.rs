@@ -13,8 +13,8 @@ use redb::{
 };
 
 use super::tables::{
-    CHECKPOINT, MARKER_FOLLOWS, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT, PROGRESS, STATE,
-    STATE_COUNT, partition_range, state_error,
+    CHANGELOG_ID_KEY, CHECKPOINT, MARKER_FOLLOWS, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT,
+    PROGRESS, SOURCE, STATE, STATE_COUNT, partition_range, state_error,
 };
 use super::{Change, PartitionStats};
 use crate::{Error, Result};
@@ -251,6 +251,37 @@ impl TxLog {
             ids.push(id.to_string());
         }
         Ok(ids)
+    }
+
+    /// Records that the file mirrors the changelog whose topic ID is `id`. When it was
+    /// built from another (the changelog was deleted and created again), everything in it
+    /// is forgotten in the same transaction: nothing of it is in the topic any more, and a
+    /// checkpoint into the new topic would skip its first records. Returns the ID it was
+    /// built from, if that was another.
+    pub(crate) fn adopt_changelog(&self, id: &str) -> Result<Option<String>> {
+        let mut was = None;
+        self.write("recording the changelog's topic ID", |txn| {
+            let mut source = txn.open_table(SOURCE)?;
+            let stored = source.get(CHANGELOG_ID_KEY)?.map(|g| g.value().to_owned());
+            match stored {
+                Some(stored) if stored == id => return Ok(()),
+                Some(stored) => {
+                    txn.open_table(PROCESSED)?.retain(|_, _| false)?;
+                    txn.open_table(PROCESSED_BY_TIME)?.retain(|_, _| false)?;
+                    txn.open_table(STATE)?.retain(|_, _| false)?;
+                    txn.open_table(PROCESSED_COUNT)?.retain(|_, _| false)?;
+                    txn.open_table(STATE_COUNT)?.retain(|_, _| false)?;
+                    txn.open_table(CHECKPOINT)?.retain(|_, _| false)?;
+                    txn.open_table(MARKER_FOLLOWS)?.retain(|_, _| false)?;
+                    txn.open_table(PROGRESS)?.retain(|_, _| false)?;
+                    was = Some(stored);
+                }
+                None => {}
+            }
+            source.insert(CHANGELOG_ID_KEY, id)?;
+            Ok(())
+        })?;
+        Ok(was)
     }
 
     /// Forgets every entry, state and checkpoint of `partition` (used when its changelog must be replayed from scratch).

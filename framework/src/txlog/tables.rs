@@ -15,6 +15,11 @@ use crate::Error;
 pub(super) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 /// The key in [`META`] that holds the format version.
 pub(super) const FORMAT_VERSION_KEY: &str = "format_version";
+/// What the file was built from: `"changelog_topic_id"` -> the changelog's topic ID
+/// (KIP-516), so a recreated changelog is told from the one the file mirrors.
+pub(super) const SOURCE: TableDefinition<'_, &str, &str> = TableDefinition::new("source");
+/// The key in [`SOURCE`] that holds the changelog's topic ID.
+pub(super) const CHANGELOG_ID_KEY: &str = "changelog_topic_id";
 /// (partition, event ID) -> (input offset, processed_at_ms).
 pub(super) const PROCESSED: TableDefinition<'_, (i32, &str), (i64, i64)> =
     TableDefinition::new("processed");

@@ -456,3 +456,35 @@ fn a_lookup_honours_the_dedup_window() {
     assert!(snapshot.is_processed(0, "old", 1_000).unwrap());
     assert!(!snapshot.is_processed(0, "absent", i64::MIN).unwrap());
 }
+
+#[test]
+fn a_changelog_with_another_topic_id_empties_the_log() {
+    let (_dir, log) = open_temp();
+    assert_eq!(
+        log.adopt_changelog("id-1").unwrap(),
+        None,
+        "a new file adopts"
+    );
+    log.apply(&[
+        (0, vec![processed("a", 5, 100), set("k", "v")], Some(9)),
+        (1, vec![processed("b", 6, 100)], Some(4)),
+    ])
+    .unwrap();
+    assert_eq!(log.adopt_changelog("id-1").unwrap(), None, "the same topic");
+    assert!(log.is_processed(0, "a").unwrap());
+
+    assert_eq!(
+        log.adopt_changelog("id-2").unwrap().as_deref(),
+        Some("id-1")
+    );
+    let after = Snapshot::of(&log);
+    assert_eq!(
+        after,
+        Snapshot::default(),
+        "nothing of the old topic is left"
+    );
+    assert_eq!(log.checkpoint(0).unwrap(), None);
+    assert_eq!(log.progress(1).unwrap(), None);
+    // Adopted: the next start finds it the same.
+    assert_eq!(log.adopt_changelog("id-2").unwrap(), None);
+}
