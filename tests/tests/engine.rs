@@ -154,6 +154,7 @@ async fn a_second_instance_with_the_same_id_fences_the_first() -> TestResult {
 
     let first = Engine::new(s.config("same"))?;
     let first_shutdown = first.shutdown_handle();
+    let first_stats = first.stats();
     let first_run = tokio::spawn(first.run(Sum::new(&s.output)));
     sum::wait_for_outputs(s.kafka, &s.output, 1_000, WITHIN).await?;
 
@@ -173,6 +174,10 @@ async fn a_second_instance_with_the_same_id_fences_the_first() -> TestResult {
         }
         other => panic!("the first instance should have been fenced, got {other:?}"),
     }
+    // It stopped without joining the group again: its producer was fenced too, which
+    // only a successor does (before it asked, the two instances fenced each other's
+    // member five times each).
+    assert_eq!(first_stats.snapshot().assignments, 1);
     first_shutdown.trigger();
 
     sum::wait_for_outputs(s.kafka, &s.output, inputs.len(), WITHIN).await?;

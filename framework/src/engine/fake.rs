@@ -118,8 +118,8 @@ struct Inner {
     assigned: Vec<i32>,
     /// What each poll of a held consumer returns, in turn (then nothing).
     held_polls: VecDeque<Vec<Rebalanced>>,
-    /// The consumer's fatal error, once raised.
-    fatal: Option<MakeError>,
+    /// The consumer's fatal error, and from when it is raised (tokio time).
+    fatal: Option<(MakeError, tokio::time::Instant)>,
     /// How long a replay takes.
     restore_takes: Duration,
 }
@@ -238,7 +238,17 @@ impl FakeKafka {
 
     /// The consumer raises `error` as fatal from now on.
     pub(crate) fn raise_fatal(&self, error: impl Fn() -> Error + Send + 'static) {
-        self.inner().fatal = Some(Box::new(error));
+        self.raise_fatal_in(Duration::ZERO, error);
+    }
+
+    /// The consumer raises `error` as fatal once `delay` (of tokio time) has passed, as
+    /// librdkafka does when a heartbeat learns that a successor joined.
+    pub(crate) fn raise_fatal_in(
+        &self,
+        delay: Duration,
+        error: impl Fn() -> Error + Send + 'static,
+    ) {
+        self.inner().fatal = Some((Box::new(error), tokio::time::Instant::now() + delay));
     }
 
     /// Each replay takes `duration` (of tokio time).
@@ -258,6 +268,8 @@ impl FakeKafka {
             restore: self.clone(),
             renew: self.clone(),
             held: Mutex::default(),
+            fences: Mutex::default(),
+            producer_fenced: std::sync::atomic::AtomicBool::default(),
         }
     }
 
@@ -323,7 +335,9 @@ impl Source for FakeKafka {
     }
 
     fn fatal_error(&self) -> Option<Error> {
-        self.inner().fatal.as_ref().map(|error| error())
+        let inner = self.inner();
+        let (error, from) = inner.fatal.as_ref()?;
+        (tokio::time::Instant::now() >= *from).then(error)
     }
 
     fn hold(&self) -> impl Future<Output = Result<()>> + Send {

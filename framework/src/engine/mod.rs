@@ -38,15 +38,18 @@
 //!   producer's open transaction holds back. While the last stable offset lags the high
 //!   watermark, replay waits (at most `transaction_timeout` and a grace). So dedup and
 //!   state reads always see every committed batch, a zombie's late commit included.
-//! - A checkpoint never moves over changelog records that were not replayed, and "the
-//!   changelog was recreated" is told by a checkpoint past its high watermark, never by
-//!   the last stable offset; a malformed changelog record stops the instance.
+//! - A checkpoint never moves over changelog records that were not replayed. "The
+//!   changelog was recreated" is told by its topic ID (stored in redb, checked at start),
+//!   else by a checkpoint past its high watermark, never by the last stable offset; a
+//!   malformed changelog record stops the instance.
 //! - redb is changed only after the Kafka transaction committed, and only together
 //!   with the changelog offsets the batch reached: a crash in between is repaired by
 //!   replay, never by guessing.
 //! - An aborted batch leaves nothing: its overlay is dropped and every partition it read
 //!   is rewound to the batch's first offset.
-//! - A fenced producer stops the instance; nothing it did after the fence is visible.
+//! - Nothing a fenced producer did after the fence is visible. A fence stops the instance
+//!   when a successor joined the group under its instance ID; one with no successor (a
+//!   coordinator moved during an epoch bump) makes a new producer, within a budget.
 
 mod backoff;
 mod batch;
@@ -88,9 +91,6 @@ const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 pub(super) const REPLAY_WAIT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long the start-up connection check waits for the cluster to answer.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// Joins in a row, with no batch committed between, after the consumer's static member
-/// was fenced (by itself or by a successor) before the instance gives up.
-const MAX_REJOINS: u32 = 5;
 
 /// Named points (feature `failpoints`): `onceflow-after-process`, `onceflow-after-produce`,
 /// `onceflow-before-send-offsets`, `onceflow-before-commit`,
@@ -258,10 +258,9 @@ impl Engine {
                 config: &config,
             },
             held: std::sync::Mutex::default(),
+            fences: std::sync::Mutex::default(),
+            producer_fenced: std::sync::atomic::AtomicBool::default(),
         };
-        // Times in a row the consumer was made again after librdkafka fenced its own
-        // static member (see below), with no batch committed since.
-        let mut rejoins = 0u32;
         let outcome = loop {
             let consumer = match subscribe() {
                 Ok(consumer) => consumer,
@@ -341,7 +340,6 @@ impl Engine {
                     // A batch committed, or the record that failed the others was found and
                     // dead-lettered (the records after it come again, in a batch as usual).
                     None | Some(Failed::Isolated) => {
-                        rejoins = 0;
                         if failures > 0 {
                             metrics::gauge!("onceflow_consecutive_aborts").set(0.0);
                         }
@@ -379,25 +377,48 @@ impl Engine {
                     break Err(stop);
                 }
             };
-            if let Err(error) = &inner
-                && config.delivery == DeliveryMode::ExactlyOnce
-                && consumer.member_fenced()
-                && rejoins < MAX_REJOINS
-            {
-                // A static member is fenced by a join under its group.instance.id. Not
-                // only by a successor: when the group coordinator was away longer than
-                // the session, librdkafka rejoins and a request still carrying the old
-                // member ID fences the consumer itself (KAFKA-20985 is the same for Kafka
-                // Streams). Joining again is safe in exactly-once mode: a real successor
-                // has initialised the transactional ID too, so this instance's next
-                // commit is refused as fenced and it stops then, having made nothing
-                // visible.
-                rejoins += 1;
-                tracing::warn!(%error, rejoins, "the consumer's static membership was fenced; joining the group again (a successor with this instance ID would fence the producer too)");
-                drop(resync.take_held());
-                drop(consumer);
-                continue;
-            }
+            let inner = match inner {
+                Err(error)
+                    if config.delivery == DeliveryMode::ExactlyOnce
+                        && consumer.member_fenced()
+                        && !resync.producer_fenced() =>
+                {
+                    // A static member is fenced by a join under its group.instance.id. Not
+                    // only by a successor: when the group coordinator was away longer than
+                    // the session, librdkafka rejoins and a request still carrying the old
+                    // member ID fences the consumer itself (KAFKA-20985 is the same for
+                    // Kafka Streams). Joining again is safe in exactly-once mode: the
+                    // group's generation check refuses a zombie's offsets (KIP-447), so
+                    // nothing it commits becomes visible; a real successor fences this
+                    // one again, until the budget of fences is spent and it stops. (With
+                    // the producer fenced too, a successor is certain: it stops at once.)
+                    //
+                    // A successor initialises the transactional ID before it joins, so
+                    // first the producer is asked: fenced too, this instance was replaced
+                    // and stops without fencing its successor's member in turn.
+                    match producer.probe_fenced(&changelog).await {
+                        Ok(true) => {
+                            tracing::error!(%error, "this instance was replaced: its producer is fenced too; stopping");
+                            Err(error)
+                        }
+                        probed => {
+                            if let Err(unknown) = &probed {
+                                tracing::warn!(error = %unknown, "could not learn whether the producer is fenced too");
+                            }
+                            match resync.allow_fence(&error) {
+                                Ok(fences) => {
+                                    tracing::warn!(%error, fences, "the consumer's static membership was fenced, the producer was not: joining the group again");
+                                    drop(resync.take_held());
+                                    drop(consumer);
+                                    continue;
+                                }
+                                Err(spent) => Err(spent),
+                            }
+                        }
+                    }
+                }
+                other => other,
+            };
             if let Err(error) = consumer.close().await {
                 tracing::warn!(%error, "leaving the group failed");
             }

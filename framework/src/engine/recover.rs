@@ -7,6 +7,11 @@
 //!   moved to them, whether the batch aborted or its commit went through after all.
 //! - A producer is re-created under the instance's transactional ID only while the
 //!   instance still owns it (its consumer was not fenced by a successor).
+//! - A fence is not proof of a successor: the cluster fences an instance's own producer
+//!   and static member when a coordinator moves at the wrong moment. Group membership
+//!   decides (a successor joins under the same instance ID, which fences the consumer
+//!   within a heartbeat), and [`Fences`] bounds how often an instance may take a fence
+//!   for its own, so two instances sharing an instance ID cannot fight for ever.
 //! - Records go one per transaction only after a refusal, and only until the refused
 //!   record is found; it is handled per `on_error`, never retried for ever.
 //! - Work that does not poll (catching up, back-off) runs with the consumer held: its
@@ -33,6 +38,15 @@ pub(super) const ISOLATE_AFTER: u32 = 2;
 /// How often a held consumer is polled: far inside any `max.poll.interval.ms` librdkafka
 /// accepts with the broker's smallest session timeout (6 s by default).
 const KEEP_ALIVE_EVERY: Duration = Duration::from_millis(500);
+/// How long a fenced producer waits, its consumer held, for the consumer to hear of a
+/// successor before the fence is taken for the instance's own: two heartbeats at
+/// librdkafka's default `heartbeat.interval.ms` (3 s), and a margin.
+pub(super) const FENCE_GRACE: Duration = Duration::from_secs(7);
+/// Fences (of the producer or of the static member) an instance takes for its own within
+/// [`FENCE_WINDOW`]; one more stops it as fenced.
+pub(super) const MAX_FENCES: usize = 5;
+/// See [`MAX_FENCES`].
+pub(super) const FENCE_WINDOW: Duration = Duration::from_secs(600);
 
 /// What a batch needs besides the producer, which recovery may replace between two.
 pub(super) struct Parts<'a> {
@@ -131,11 +145,12 @@ pub(super) async fn isolate<P: Processor, R: Restore, N: Renew<OutputProducer>>(
     None
 }
 
-/// Errors after which the instance must not go on: fencing and configuration problems,
-/// and a record failure under `on_error = stop` (it would fail the same way on the same
-/// record forever).
+/// Errors after which the instance must not go on, once [`recover`] has run: fatal
+/// errors and configuration problems, and a record failure under `on_error = stop` (it
+/// would fail the same way on the same record forever). Not a fence of the producer:
+/// recovery either stopped on it (a successor) or made a new producer.
 pub(super) fn stops_the_instance(error: &Error) -> bool {
-    (error.is_fatal() && !producer_state_lost(error))
+    (error.is_fatal() && !producer_state_lost(error) && !matches!(error, Error::Fenced { .. }))
         || matches!(
             error,
             Error::Processing { .. }
@@ -173,6 +188,40 @@ pub(super) struct Resync<'a, R, N> {
     /// What the polls of a held consumer brought (rebalances, in order, and any record),
     /// for the engine's loop to act on before it polls again.
     pub(super) held: Mutex<kafka::Polled>,
+    /// The fences taken for the instance's own so far.
+    pub(super) fences: Mutex<Fences>,
+    /// Set while a fenced producer waits for the grace and is not yet replaced: a fence
+    /// of the consumer meanwhile means both were fenced, which only a successor does.
+    pub(super) producer_fenced: std::sync::atomic::AtomicBool,
+}
+
+/// The fences an instance took for its own (it made a new producer, or joined the group
+/// again), within [`FENCE_WINDOW`]: one a coordinator's failure causes is rare; many mean
+/// another instance runs with the same instance ID, and the two would fence each other
+/// for ever (neither could commit much; exactly once holds, progress does not).
+#[derive(Debug, Default)]
+pub(super) struct Fences {
+    taken: std::collections::VecDeque<tokio::time::Instant>,
+}
+
+impl Fences {
+    /// Takes one more fence for the instance's own, if the budget allows: `Ok` with how
+    /// many were taken within the window, or `Err` with that count when it is spent.
+    pub(super) fn take(&mut self) -> std::result::Result<usize, usize> {
+        let now = tokio::time::Instant::now();
+        while self
+            .taken
+            .front()
+            .is_some_and(|at| now.duration_since(*at) >= FENCE_WINDOW)
+        {
+            self.taken.pop_front();
+        }
+        if self.taken.len() >= MAX_FENCES {
+            return Err(self.taken.len());
+        }
+        self.taken.push_back(now);
+        Ok(self.taken.len())
+    }
 }
 
 /// Undoes a failed batch: aborts its transaction (recreating the producer when the abort
@@ -235,9 +284,8 @@ where
 {
     let config = resync.config;
     if matches!(cause, Error::Fenced { .. }) {
-        return Ok(None);
-    }
-    if matches!(
+        resync.take_fence(consumer, producer, cause).await?;
+    } else if matches!(
         cause,
         Error::TransactionTimedOut { .. } | Error::ProducerStuck { .. }
     ) || producer_state_lost(cause)
@@ -253,18 +301,19 @@ where
         && let Err(error) = producer.abort().await
     {
         if matches!(error, Error::Fenced { .. }) {
-            return Err(error);
+            resync.take_fence(consumer, producer, &error).await?;
+        } else {
+            // A producer that can neither commit nor abort is replaced; initialising the
+            // new one (same transactional ID) resolves whatever the old one left open.
+            // Unless this instance was replaced: then the ID is its successor's, and
+            // initialising it would fence the legitimate owner.
+            if let Some(fatal) = consumer.fatal_error() {
+                tracing::error!(error = %fatal, abort = %error, "this instance was replaced; stopping");
+                return Err(fatal);
+            }
+            tracing::warn!(%error, "abort failed; recreating the producer");
+            *producer = retry_transient("recreate the producer", || resync.renew.renew()).await?;
         }
-        // A producer that can neither commit nor abort is replaced; initialising the new
-        // one (same transactional ID) resolves whatever the old one left open. Unless
-        // this instance was replaced: then the ID is its successor's, and initialising
-        // it would fence the legitimate owner.
-        if let Some(fatal) = consumer.fatal_error() {
-            tracing::error!(error = %fatal, abort = %error, "this instance was replaced; stopping");
-            return Err(fatal);
-        }
-        tracing::warn!(%error, "abort failed; recreating the producer");
-        *producer = retry_transient("recreate the producer", || resync.renew.renew()).await?;
     }
     if config.delivery == DeliveryMode::AtMostOnce {
         // The batch's offsets were committed before it was processed: at most once means
@@ -273,6 +322,70 @@ where
     }
     let owned: Vec<i32> = owned.iter().copied().collect();
     resync.catch_up_now(consumer, &owned).await.map(Some)
+}
+
+impl<R, N> Resync<'_, R, N> {
+    /// Takes a fence for the instance's own, if the budget of [`Fences`] allows; `Err`
+    /// (the instance stops) when it is spent.
+    pub(super) fn allow_fence(&self, fence: &Error) -> Result<usize> {
+        let taken = self.fences.lock().unwrap_or_else(|e| e.into_inner()).take();
+        taken.map_err(|count| match fence {
+            Error::Fenced { what, detail } => Error::Fenced {
+                what: what.clone(),
+                detail: format!(
+                    "{detail}; fenced {count} times within {FENCE_WINDOW:?} before this: is \
+                     another instance running with this instance ID?"
+                ),
+            },
+            other => Error::Fenced {
+                what: "this instance".into(),
+                detail: format!("{other}; fenced {count} times within {FENCE_WINDOW:?}"),
+            },
+        })
+    }
+
+    /// A fenced producer, while the consumer is held. librdkafka reports a fence when a
+    /// successor initialised the transactional ID, but also when the transaction
+    /// coordinator moved while the producer bumped its own epoch (the bump reached the
+    /// old coordinator, its answer did not; the cluster test saw it when it killed the
+    /// coordinator). Group membership tells them apart: a successor joins under the same
+    /// instance ID, which fences this consumer within a heartbeat. So the consumer is kept
+    /// in the group for [`FENCE_GRACE`]; fenced meanwhile, the instance stops (the hold
+    /// ends with the consumer's error); otherwise a new producer takes over. Exactly once
+    /// holds either way: the new producer's initialisation ends what the old one left
+    /// open, and catching up follows.
+    async fn take_fence<C, P>(&self, consumer: &C, producer: &mut P, fence: &Error) -> Result<()>
+    where
+        C: Source,
+        P: Send,
+        N: Renew<P>,
+    {
+        use std::sync::atomic::Ordering;
+        self.producer_fenced.store(true, Ordering::Relaxed);
+        tokio::time::sleep(FENCE_GRACE).await;
+        if let Some(fatal) = consumer.fatal_error() {
+            tracing::error!(error = %fatal, producer = %fence, "this instance was replaced; stopping");
+            return Err(fatal);
+        }
+        let taken = self.allow_fence(fence)?;
+        tracing::warn!(
+            error = %fence,
+            fences = taken,
+            "the producer was fenced, but no successor joined the group under this instance \
+             ID: taking the fence for the instance's own (a coordinator moved) and making a \
+             new producer"
+        );
+        *producer = retry_transient("recreate the producer", || self.renew.renew()).await?;
+        self.producer_fenced.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether the producer was fenced and not replaced since: with the consumer fenced
+    /// too, a successor has the instance ID (see [`Self::take_fence`]).
+    pub(super) fn producer_fenced(&self) -> bool {
+        self.producer_fenced
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl<R: Restore, N> Resync<'_, R, N> {

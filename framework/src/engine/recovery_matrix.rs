@@ -1,7 +1,7 @@
 //! Recovery's decisions through the fake Kafka (`fake.rs`), librdkafka's own transaction
 //! suite as the model (its `0105-transactions_mock`): after a failed batch, the abort, a
 //! failed abort (a new producer, unless a successor took the instance's place), a timed-out
-//! transaction, reading the group's committed offsets and seeking (retried), a commit
+//! transaction, a fence with and without a successor in the group, reading the group's committed offsets and seeking (retried), a commit
 //! whose outcome is unknown, and rebalances served while the consumer is held.
 
 use std::collections::BTreeSet;
@@ -161,17 +161,128 @@ async fn a_timed_out_transaction_makes_a_new_producer_without_aborting() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_fenced_instance_and_at_most_once_do_not_rewind() {
-    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
-    rig.recover(&fenced()).await.expect("nothing to undo");
-    assert_eq!(rig.kafka.calls(), [Call::Hold, Call::Release]);
-
+async fn at_most_once_does_not_rewind() {
     // At most once committed the batch's offsets before processing it.
     let rig = Rig::new(DeliveryMode::AtMostOnce).await;
     rig.recover(&kafka(ErrorClass::Retriable)())
         .await
         .expect("recovered");
     assert_eq!(rig.kafka.calls(), [Call::Hold, Call::Release]);
+}
+
+fn producer_fenced() -> Error {
+    Error::Fenced {
+        what: "transactional.id `g-a`".into(),
+        detail: "Failed to end transaction: Local: This instance has been fenced".into(),
+    }
+}
+
+/// The cluster test saw it: the transaction coordinator killed, the producer's epoch bump
+/// reached it but its answer did not, and the new coordinator fenced the producer. No
+/// successor: the group membership stands, so a new producer takes over.
+#[tokio::test(start_paused = true)]
+async fn a_fence_with_no_successor_in_the_group_makes_a_new_producer() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    let started = tokio::time::Instant::now();
+    let resync = rig.recover(&producer_fenced()).await.expect("recovered");
+    assert!(started.elapsed() >= crate::engine::recover::FENCE_GRACE);
+    assert!(!resync.producer_fenced(), "replaced");
+    assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
+
+    // The same when the abort is what reports the fence.
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka.fail(Kind::Abort, None, 1, producer_fenced);
+    rig.recover(&kafka(ErrorClass::Abortable)())
+        .await
+        .expect("recovered");
+    assert_caught_up_after(&rig, &[Call::Hold, Call::Abort, Call::Renew]);
+}
+
+/// A successor joined under the instance ID: the consumer hears of it within the grace,
+/// and the instance stops without a new producer (which would fence the successor).
+#[tokio::test(start_paused = true)]
+async fn a_fence_with_the_member_replaced_stops_without_a_new_producer() {
+    for cause_in_abort in [false, true] {
+        let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+        rig.kafka.raise_fatal_in(Duration::from_secs(3), fenced);
+        let cause = if cause_in_abort {
+            rig.kafka.fail(Kind::Abort, None, 1, producer_fenced);
+            kafka(ErrorClass::Abortable)()
+        } else {
+            producer_fenced()
+        };
+        let resync = rig.kafka.resync(&rig.config, &rig.stats);
+        let mut producer = rig.kafka.clone();
+        let owned: BTreeSet<i32> = [0, 1].into();
+        match recover(&resync, &rig.kafka, &mut producer, &owned, &cause).await {
+            Err(Error::Fenced { what, .. }) => assert!(what.contains("group.instance.id")),
+            other => panic!("expected the consumer's fence, got {:?}", other.err()),
+        }
+        // Both fenced: the engine's loop must not join the group again either.
+        assert!(resync.producer_fenced());
+        assert!(
+            !rig.kafka.calls().contains(&Call::Renew),
+            "{:?}",
+            rig.kafka.calls()
+        );
+        assert_eq!(rig.kafka.calls().last(), Some(&Call::Release));
+    }
+}
+
+/// Two instances with one instance ID fence each other: each takes a few fences for its
+/// own, then stops, saying why.
+#[tokio::test(start_paused = true)]
+async fn fences_past_the_budget_stop_the_instance() {
+    use crate::engine::recover::{FENCE_WINDOW, MAX_FENCES};
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    let owned: BTreeSet<i32> = [0, 1].into();
+    let mut producer = rig.kafka.clone();
+    for _ in 0..MAX_FENCES {
+        recover(
+            &resync,
+            &rig.kafka,
+            &mut producer,
+            &owned,
+            &producer_fenced(),
+        )
+        .await
+        .expect("within the budget");
+    }
+    match recover(
+        &resync,
+        &rig.kafka,
+        &mut producer,
+        &owned,
+        &producer_fenced(),
+    )
+    .await
+    {
+        Err(Error::Fenced { detail, .. }) => {
+            assert!(detail.contains("another instance"), "{detail}")
+        }
+        other => panic!("expected a fence, got {other:?}"),
+    }
+    let renewed = |rig: &Rig| {
+        rig.kafka
+            .calls()
+            .iter()
+            .filter(|c| **c == Call::Renew)
+            .count()
+    };
+    assert_eq!(renewed(&rig), MAX_FENCES);
+    // The budget is per window: after it, a fence is taken for the instance's own again.
+    tokio::time::sleep(FENCE_WINDOW).await;
+    recover(
+        &resync,
+        &rig.kafka,
+        &mut producer,
+        &owned,
+        &producer_fenced(),
+    )
+    .await
+    .expect("a new window");
+    assert_eq!(renewed(&rig), MAX_FENCES + 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -260,8 +371,9 @@ async fn a_transaction_aborted_under_the_producer_renews_it_and_the_instance_goe
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
     rig.recover(&lost).await.expect("recovered");
     assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
-    // A fence is not that: it stops.
-    assert!(stops_the_instance(&fenced()));
+    // A fence is recovery's to decide (a successor or not): after recovery it does not
+    // stop the instance by itself.
+    assert!(!stops_the_instance(&fenced()));
 }
 
 #[tokio::test(start_paused = true)]

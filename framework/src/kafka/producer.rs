@@ -44,6 +44,15 @@ impl Pending {
     }
 }
 
+/// The codes librdkafka reports a fenced producer with.
+const FENCED: [RDKafkaErrorCode; 3] = [
+    RDKafkaErrorCode::Fenced,
+    RDKafkaErrorCode::ProducerFenced,
+    RDKafkaErrorCode::InvalidProducerEpoch,
+];
+/// The key of the record [`OutputProducer::probe_fenced`] sends (and aborts).
+const FENCE_PROBE_KEY: &[u8] = b"onceflow-fence-probe";
+
 /// The producer of outputs and changelog records.
 #[derive(Clone)]
 pub(crate) struct OutputProducer {
@@ -110,10 +119,7 @@ impl OutputProducer {
 
     fn classify(&self, operation: impl Into<crate::Operation>, error: KafkaError) -> Error {
         let translated = kafka_error(operation, error);
-        use rdkafka::types::RDKafkaErrorCode as C;
-        let fenced = [C::Fenced, C::ProducerFenced, C::InvalidProducerEpoch]
-            .into_iter()
-            .any(|code| translated.has_code(code));
+        let fenced = FENCED.into_iter().any(|code| translated.has_code(code));
         match (&self.transactional_id, fenced) {
             (Some(id), true) => Error::Fenced {
                 what: format!("transactional.id `{id}`"),
@@ -277,6 +283,43 @@ impl OutputProducer {
                 .map_err(|e| this.classify("abort_transaction", e))
         };
         self.bounded("abort_transaction", abort).await
+    }
+
+    /// Whether a successor fenced this producer (initialised its transactional ID). Asked
+    /// the only way librdkafka allows: a transaction with one record of no consequence
+    /// (a tombstone keyed `onceflow-fence-probe` to `topic` partition 0, the changelog;
+    /// aborted, so no `read_committed` reader and no replay ever sees it), delivered, then
+    /// aborted. A transaction left open by a failed batch is aborted first. For the rare
+    /// moment a fence of the consumer must be told from the instance's own, between
+    /// transactions. `Err`: the cluster did not say.
+    pub(crate) async fn probe_fenced(&self, topic: &str) -> Result<bool> {
+        let fenced = |error: &Error| matches!(error, Error::Fenced { .. });
+        if let Err(error) = self.begin() {
+            if fenced(&error) {
+                return Ok(true);
+            }
+            // A transaction is open still: end it, then try again.
+            if let Err(error) = self.abort().await {
+                return if fenced(&error) { Ok(true) } else { Err(error) };
+            }
+            if let Err(error) = self.begin() {
+                return if fenced(&error) { Ok(true) } else { Err(error) };
+            }
+        }
+        let sent = self
+            .send_with_headers(topic, Some(0), Some(FENCE_PROBE_KEY), None, &[])
+            .await;
+        let landed = match sent {
+            Ok(pending) => pending.landed().await.map(|_| ()),
+            Err(error) => Err(error),
+        };
+        let aborted = self.abort().await;
+        match (landed, aborted) {
+            (_, Err(error)) if fenced(&error) => Ok(true),
+            (Err(error), _) if FENCED.into_iter().any(|code| error.has_code(code)) => Ok(true),
+            (Ok(()), Ok(())) => Ok(false),
+            (Err(error), _) | (_, Err(error)) => Err(error),
+        }
     }
 
     /// Waits until every queued record is acknowledged (non-transactional modes).
