@@ -88,7 +88,9 @@ pub(crate) async fn read_to_end(
 }
 
 /// The offsets `group` has committed for each partition of `topic` (`None`: nothing
-/// committed for that partition).
+/// committed for that partition). A retriable error (a group whose coordinator is still
+/// loading answers `NOT_COORDINATOR` at first on a young broker) is asked again until
+/// `timeout`.
 pub(crate) async fn committed_offsets(
     options: &ClientOptions,
     group: &str,
@@ -106,9 +108,21 @@ pub(crate) async fn committed_offsets(
         for partition in partitions_of(&consumer, &topic, timeout)? {
             query.add_partition(&topic, partition);
         }
-        let committed = consumer
-            .committed_offsets(query, timeout)
-            .map_err(|e| kafka_error(&operation, e))?;
+        let deadline = Instant::now() + timeout;
+        let committed = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match consumer.committed_offsets(query.clone(), left) {
+                Ok(committed) => break committed,
+                Err(error) => {
+                    let error = kafka_error(&operation, error);
+                    if !error.is_retriable() || left.is_zero() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "reading committed offsets; asking again");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        };
         Ok(committed
             .elements()
             .iter()
