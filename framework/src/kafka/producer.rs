@@ -50,6 +50,9 @@ const FENCED: [RDKafkaErrorCode; 3] = [
     RDKafkaErrorCode::ProducerFenced,
     RDKafkaErrorCode::InvalidProducerEpoch,
 ];
+/// The longest one `send_offsets_to_transaction` call may take before the loop around it
+/// looks again (see [`OutputProducer::send_offsets`]).
+const SEND_OFFSETS_CALL: Duration = Duration::from_secs(1);
 /// The key of the record [`OutputProducer::probe_fenced`] sends (and aborts).
 const FENCE_PROBE_KEY: &[u8] = b"onceflow-fence-probe";
 
@@ -203,9 +206,36 @@ impl OutputProducer {
         }
         let this = self.clone();
         self.bounded("send_offsets_to_transaction", move || {
-            this.producer
-                .send_offsets_to_transaction(&list, &metadata, this.transaction_timeout)
-                .map_err(|e| this.classify("send_offsets_to_transaction", e))
+            // A retriable error (the coordinator moved or was not reachable) leaves the
+            // transaction as it was: librdkafka's contract is to call again, which costs
+            // less than aborting the batch (and the abort's epoch bump is where a moving
+            // coordinator can fence the producer). Within half the transaction timeout:
+            // the batch itself took up to the other half.
+            let within = this.transaction_timeout / 2;
+            let started = Instant::now();
+            let mut pause = Duration::from_millis(50);
+            loop {
+                // librdkafka retries inside a call until its timeout; a short one lets
+                // the loop see (and log) a coordinator that does not answer. A call
+                // made again after its timeout resumes the one in flight.
+                let left = within.saturating_sub(started.elapsed());
+                let call = left.clamp(Duration::from_millis(100), SEND_OFFSETS_CALL);
+                match this
+                    .producer
+                    .send_offsets_to_transaction(&list, &metadata, call)
+                {
+                    Ok(()) => return Ok(()),
+                    Err(error) => {
+                        let error = this.classify("send_offsets_to_transaction", error);
+                        if !error.is_retriable() || started.elapsed() + pause >= within {
+                            return Err(error);
+                        }
+                        tracing::warn!(%error, ?pause, "sending the offsets failed; sending them again");
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                }
+            }
         })
         .await
     }
@@ -331,5 +361,52 @@ impl OutputProducer {
                 .map_err(|e| this.classify("flush", e))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    use super::OutputProducer;
+    use crate::kafka::{ClientOptions, InputConsumer, Isolation};
+
+    /// librdkafka's mock cluster drives the error (an error path, no exactly-once claim):
+    /// a coordinator that moved answers the offsets of a transaction with NOT_COORDINATOR,
+    /// retriable. The call is made again in the same transaction, which then commits;
+    /// before, the batch was aborted and processed again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retriable_send_offsets_failure_is_sent_again_in_the_same_transaction() {
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("in", 1, 1).expect("topic");
+        let options = ClientOptions::with_properties(mock.bootstrap_servers(), &[]);
+        let consumer = InputConsumer::subscribe(&options, "g", "a", "in", Isolation::ReadCommitted)
+            .expect("consumer");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while consumer.assigned().await.expect("assignment").is_empty() {
+            assert!(Instant::now() < deadline, "never assigned");
+            consumer
+                .poll(10, Duration::from_millis(200))
+                .await
+                .expect("poll");
+        }
+        let producer = OutputProducer::transactional(&options, "g-a", Duration::from_secs(20))
+            .await
+            .expect("producer");
+        producer.begin().expect("begin");
+        mock.request_errors(
+            RDKafkaApiKey::AddOffsetsToTxn,
+            // More than librdkafka's own retries fit in one call (each waits
+            // `retry.backoff.ms`, 100 ms, and longer): the call times out, retriable.
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR; 8],
+        );
+        producer
+            .send_offsets(&consumer, "in", vec![(0, 0)])
+            .await
+            .expect("sent again after the retriable errors");
+        producer.commit().await.expect("commit");
     }
 }
