@@ -242,7 +242,7 @@ impl Cluster {
         )))
     }
 
-    /// The node that leads `topic` [`partition`].
+    /// The node that leads partition `partition` of `topic`.
     pub async fn leader(&self, topic: &str, partition: i32) -> Result<i32> {
         let topic_name = topic.to_owned();
         let leader = client::with_metadata(&self.kafka.options, Some(topic), move |m| {
@@ -258,7 +258,7 @@ impl Cluster {
             .ok_or_else(|| Error::Broker(format!("`{topic}` [{partition}] has no leader now")))
     }
 
-    /// The nodes in sync for `topic` [`partition`].
+    /// The nodes in sync for partition `partition` of `topic`.
     pub async fn in_sync(&self, topic: &str, partition: i32) -> Result<Vec<i32>> {
         let topic_name = topic.to_owned();
         client::with_metadata(&self.kafka.options, Some(topic), move |m| {
