@@ -140,3 +140,94 @@ impl Operator {
         .kafka("session.timeout.ms", "6000")
     }
 }
+
+/// A record as a [`Watcher`] saw it: partition, offset, value.
+type Seen = (i32, i64, Option<Vec<u8>>);
+
+/// A `read_committed` reader of a topic that runs while a test's faults happen (issue 13:
+/// "a concurrent reader during the faults"), on a thread of its own. What it saw must be,
+/// partition by partition, the same records in the same order as a final read: an
+/// aborted record, or one that a later abort took back, would show up as a difference.
+#[derive(Debug)]
+pub struct Watcher {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    thread: std::thread::JoinHandle<Result<(), String>>,
+}
+
+impl Watcher {
+    /// Starts reading every partition of `topic` from its beginning.
+    pub fn start(kafka: &Kafka, topic: &str, partitions: i32) -> Watcher {
+        use rdkafka::message::Message;
+        use std::sync::atomic::Ordering;
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", kafka.bootstrap_servers())
+            .set("group.id", onceflow::testkit::unique_name("watcher"))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .expect("watcher");
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for partition in 0..partitions {
+            assignment
+                .add_partition_offset(topic, partition, rdkafka::Offset::Beginning)
+                .expect("partition");
+        }
+        consumer.assign(&assignment).expect("assign");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, seen) = (stop.clone(), seen.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match consumer.poll(Duration::from_millis(100)) {
+                        Some(Ok(message)) => seen.lock().expect("seen").push((
+                            message.partition(),
+                            message.offset(),
+                            message.payload().map(<[u8]>::to_vec),
+                        )),
+                        // Broker faults reach a reader as transient errors; it reads on.
+                        Some(Err(error)) if error.rdkafka_error_code().is_some() => {}
+                        Some(Err(error)) => return Err(error.to_string()),
+                        None => {}
+                    }
+                }
+                Ok(())
+            })
+        };
+        Watcher { stop, seen, thread }
+    }
+
+    /// Waits (at most `within`) until the watcher has read `count` records, stops it, and
+    /// checks what it read against `last`, a final `read_committed` read of the topic.
+    pub fn finish(self, count: usize, within: Duration, last: &[Record]) {
+        let deadline = Instant::now() + within;
+        while self.seen.lock().expect("seen").len() < count && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .join()
+            .expect("watcher thread")
+            .expect("watcher read");
+        let mut seen = std::mem::take(&mut *self.seen.lock().expect("seen"));
+        seen.sort_by_key(|(partition, _, _)| *partition); // stable: offsets stay in order
+        let last: Vec<Seen> = last
+            .iter()
+            .map(|r| (r.partition, r.offset, r.value.clone()))
+            .collect();
+        assert_eq!(
+            seen.len(),
+            last.len(),
+            "the concurrent reader saw {} records, the final read {}",
+            seen.len(),
+            last.len()
+        );
+        if let Some(at) = seen.iter().zip(&last).position(|(a, b)| a != b) {
+            panic!(
+                "the concurrent reader and the final read differ at partition {} offset {}",
+                seen[at].0, seen[at].1
+            );
+        }
+    }
+}

@@ -3,7 +3,8 @@
 //! again, the leader of an input partition is restarted cleanly, and the group
 //! coordinator stalls for longer than the session timeout. The cluster runs topics with
 //! three replicas and `min.insync.replicas=2`, so one node down at a time is what it must
-//! survive without losing or doubling anything, and without stopping.
+//! survive without losing or doubling anything, and without stopping. A `read_committed`
+//! reader runs through the faults: what it saw must be what a final read sees.
 //!
 //! The stall (or a killed node that coordinated the group) made librdkafka fence the
 //! instance's own static member: the session expired, the member rejoined under the same
@@ -22,8 +23,9 @@ use std::time::{Duration, Instant};
 
 use onceflow::Engine;
 use onceflow::testkit::Cluster;
-use onceflow_e2e::Operator;
+use onceflow::testkit::Isolation;
 use onceflow_e2e::sum::{self, Amount, Sum};
+use onceflow_e2e::{Operator, Watcher};
 
 const WITHIN: Duration = Duration::from_secs(240);
 
@@ -53,6 +55,8 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     let cluster: &'static Cluster = onceflow::testkit::cluster().await;
     eprintln!("three-node cluster started in {:?}", cluster.started_in);
     let op = Operator::on(cluster.kafka(), "cluster", 3).await?;
+    // Reads the outputs while the faults happen.
+    let watcher = Watcher::start(op.kafka, &op.output, 3);
 
     let events = sum::amounts(0, 6_000, 30);
     // 5% sent again with the same event ID.
@@ -107,6 +111,12 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
 
     let outputs = sum::committed_outputs(op.kafka, &op.output).await?;
     sum::assert_exactly_once(&events, &outputs);
+    // No aborted record was ever visible, nor a record in another order.
+    let last = op
+        .kafka
+        .read_to_end(&op.output, Isolation::ReadCommitted)
+        .await?;
+    watcher.finish(events.len(), Duration::from_secs(60), &last);
     let snapshot = stats.snapshot();
     assert_eq!(
         snapshot.duplicates_skipped,
