@@ -167,3 +167,43 @@ async fn billing_invoices_every_order_once_through_a_kill_and_a_restart() {
     assert_eq!(replayed.len(), 1);
     assert_eq!(replayed[0].value.as_deref(), Some(&b"not json"[..]));
 }
+
+/// The same binary against other topics (issue 16, part 3): `--input` replaces the
+/// declared `orders`, `--output invoices=…` sends `Billing::INVOICES` elsewhere, and
+/// `verify-config` shows both renames.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn billing_reads_and_writes_the_topics_it_is_configured_with() {
+    let orders = testkit::unique_name("staging.orders");
+    let invoices = testkit::unique_name("staging.invoices");
+    let deployment = Deployment::new("billing", &[(&orders, 2), (&invoices, 2)], 20).await;
+    let kafka = deployment.kafka;
+    let rename = format!("invoices={invoices}");
+    let topics = ["--input", orders.as_str(), "--outputs", rename.as_str()];
+
+    let shown = deployment.subcommand(&[&topics[..], &["verify-config"]].concat());
+    assert!(
+        shown.contains(&format!("input  orders -> {orders}  (renamed)"))
+            && shown.contains(&format!("output invoices -> {invoices}  (renamed)")),
+        "{shown}"
+    );
+
+    let records: Vec<OutgoingRecord> = (0..50).chain(0..10).map(order).collect();
+    kafka.produce(&orders, records).await.expect("produce");
+    let run = deployment.start_with(&topics);
+    deployment.wait_for(&orders, 60, &run).await;
+    let status = run.terminate().await;
+    assert_eq!(status.code(), Some(0));
+
+    let mut invoiced: Vec<String> = committed_values::<Invoice>(kafka, &invoices)
+        .await
+        .into_iter()
+        .map(|invoice| invoice.order)
+        .collect();
+    invoiced.sort();
+    let mut want: Vec<String> = (0..50).map(|n| format!("o{n}")).collect();
+    want.sort();
+    assert_eq!(
+        invoiced, want,
+        "each order invoiced once, on the configured topic"
+    );
+}

@@ -90,6 +90,10 @@ pub struct EngineConfig {
     pub input_topic: String,
     /// Topics the processor may emit to; each must exist at start.
     pub output_topics: Vec<String>,
+    /// Declared outputs renamed: the processor's name for an output (`invoices`, its
+    /// `Self::INVOICES`) → the topic it goes to here (`prod.invoices`). A declared output
+    /// not named here goes to the topic of its own name.
+    pub renamed_outputs: std::collections::BTreeMap<String, String>,
     /// Where the transaction log lives: `<state_dir>/<group>/<instance_id>/`.
     pub state_dir: PathBuf,
     /// The changelog topic; default `<group>-txlog`.
@@ -135,6 +139,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("instance_id", &self.instance_id)
             .field("input_topic", &self.input_topic)
             .field("output_topics", &self.output_topics)
+            .field("renamed_outputs", &self.renamed_outputs)
             .field("state_dir", &self.state_dir)
             .field("changelog_topic", &self.changelog_topic)
             .field("commit_interval", &self.commit_interval)
@@ -176,6 +181,7 @@ impl EngineConfig {
             instance_id: instance_id.into(),
             input_topic: input_topic.into(),
             output_topics: Vec::new(),
+            renamed_outputs: std::collections::BTreeMap::new(),
             state_dir: state_dir.into(),
             changelog_topic: None,
             commit_interval: Duration::from_millis(100),
@@ -202,6 +208,14 @@ impl EngineConfig {
     /// Declares a topic the processor may emit to.
     pub fn output(mut self, topic: impl Into<String>) -> Self {
         self.output_topics.push(topic.into());
+        self
+    }
+
+    /// Sends the processor's declared output `declared` to `topic`: the same binary runs
+    /// against `staging.invoices` and `prod.invoices`, and `ctx.emit(Self::INVOICES, ..)`
+    /// goes to the topic configured here.
+    pub fn rename_output(mut self, declared: impl Into<String>, topic: impl Into<String>) -> Self {
+        self.renamed_outputs.insert(declared.into(), topic.into());
         self
     }
 
@@ -420,6 +434,32 @@ fn is_kafka_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// The first rename of an output `processor` does not declare, as the error it is: a
+/// rename (`NAME=TOPIC`) names a declared output; a topic it does not declare is added
+/// without `=`.
+pub(crate) fn unknown_rename(
+    renamed: &std::collections::BTreeMap<String, String>,
+    declared: &[&str],
+    processor: &str,
+) -> Option<Error> {
+    let (name, topic) = renamed
+        .iter()
+        .find(|(name, _)| !declared.contains(&name.as_str()))?;
+    Some(Error::Config {
+        key: "outputs".into(),
+        value: format!("{name}={topic}"),
+        accepted: format!(
+            "a rename of an output processor `{processor}` declares ({}); a topic it does \
+             not declare is added without `=`",
+            if declared.is_empty() {
+                "it declares none".to_owned()
+            } else {
+                declared.join(", ")
+            }
+        ),
+    })
 }
 
 #[cfg(test)]

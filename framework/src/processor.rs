@@ -1,6 +1,6 @@
 //! The processor a user writes, and the context it works through.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -122,6 +122,8 @@ pub struct Context<'a> {
     pub(crate) state: &'a mut dyn StateStore,
     pub(crate) outputs: &'a mut Vec<Output>,
     pub(crate) declared_outputs: &'a BTreeSet<String>,
+    /// Declared output names renamed by the configuration → their topics.
+    pub(crate) renamed_outputs: &'a BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -136,12 +138,15 @@ impl std::fmt::Debug for Context<'_> {
 /// for each name in `outputs`: `outputs = ["invoices", "audit-log"]` gives
 /// `Billing::INVOICES` and `Billing::AUDIT_LOG`. Emitting through the constant makes a
 /// misspelt or undeclared output a compile error; a plain `&str` topic is checked when the
-/// record is emitted ([`Error::UndeclaredOutput`]).
+/// record is emitted ([`Error::UndeclaredOutput`]). The name is the declared one: a
+/// configuration that renames the output (`--outputs invoices=prod.invoices`,
+/// [`crate::EngineConfig::rename_output`]) sends what is emitted through it to its
+/// configured topic, resolved when the record is emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Topic(&'static str);
 
 impl Topic {
-    /// The topic's name.
+    /// The declared name (the configuration may send it to a topic of another name).
     pub const fn name(self) -> &'static str {
         self.0
     }
@@ -167,7 +172,8 @@ impl std::fmt::Display for Topic {
 
 impl Context<'_> {
     /// Emits `value` (as JSON) with `key` to `topic`, one of the declared outputs: a
-    /// [`Topic`] constant of the processor (`Self::INVOICES`) or a topic name.
+    /// [`Topic`] constant of the processor (`Self::INVOICES`) or a topic name. A declared
+    /// name the configuration renamed goes to its configured topic.
     pub fn emit<V: Serialize + ?Sized>(
         &mut self,
         topic: impl AsRef<str>,
@@ -189,7 +195,12 @@ impl Context<'_> {
         key: Option<Vec<u8>>,
         value: Vec<u8>,
     ) -> Result<()> {
+        // A declared name the configuration renamed goes to its configured topic.
         let topic = topic.as_ref();
+        let topic = self
+            .renamed_outputs
+            .get(topic)
+            .map_or(topic, String::as_str);
         if !self.declared_outputs.contains(topic) {
             return Err(Error::UndeclaredOutput {
                 topic: topic.to_owned(),

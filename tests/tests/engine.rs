@@ -302,8 +302,9 @@ async fn dedup_entries_expire_by_count_and_by_age() -> TestResult {
     Ok(())
 }
 
-/// A processor that declares its input refuses a configuration naming another topic, and
-/// its declared outputs are checked at start like configured ones.
+/// A processor's declared input is a default: a configuration naming another topic reads
+/// that one (issue 16: the same binary against `staging.orders` and `prod.orders`; it
+/// was refused before). Its declared outputs are checked at start like configured ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declared_topics_are_checked_against_the_configuration() -> TestResult {
     struct Declares(Sum, &'static str, [&'static str; 1]);
@@ -330,12 +331,17 @@ async fn declared_topics_are_checked_against_the_configuration() -> TestResult {
     }
 
     let s = setup("eo-declared", 1).await?;
-    let wrong_input = Declares(Sum::new(&s.output), "another-topic", ["unused"]);
-    let error = Engine::new(s.config("a"))?
-        .run(wrong_input)
-        .await
-        .expect_err("wrong input");
-    assert!(error.to_string().contains("another-topic"), "{error}");
+    let inputs = sum::amounts(0, 10, 2);
+    sum::produce(s.kafka, &s.input, &inputs).await?;
+    let output: &'static str = Box::leak(s.output.clone().into_boxed_str());
+    let renamed_input = Declares(Sum::new(&s.output), "another-topic", [output]);
+    let engine = Engine::new(s.config("a"))?;
+    let shutdown = engine.shutdown_handle();
+    let running = tokio::spawn(engine.run(renamed_input));
+    let outputs = sum::wait_for_outputs(s.kafka, &s.output, inputs.len(), WITHIN).await;
+    shutdown.trigger();
+    running.await??;
+    sum::assert_exactly_once(&inputs, &outputs?);
 
     let missing = testkit::unique_name("declared-missing");
     let leaked: &'static str = Box::leak(missing.clone().into_boxed_str());

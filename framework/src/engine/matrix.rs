@@ -504,3 +504,19 @@ async fn a_commit_whose_outcome_is_unknown_is_settled_by_the_committed_offsets()
     );
     assert_eq!(rig.sums(), [1, 3]);
 }
+
+/// Issue 16, part 3: the processor emits to its declared name (`out`, what
+/// `Self::OUT` would be); the configuration renamed it, so the record goes to the
+/// configured topic, and the declared name's own topic gets nothing.
+#[tokio::test]
+async fn an_emit_to_a_renamed_output_goes_to_the_configured_topic() {
+    let mut rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.config = rig.config.clone().rename_output(OUT, "prod.out");
+    rig.declared = ["prod.out".to_owned()].into();
+    rig.limits.insert("prod.out".into(), 1_000_000);
+    rig.run(vec![amount(0, "a", 1), amount(1, "b", 2)])
+        .await
+        .expect("batch");
+    assert_eq!(rig.kafka.committed("prod.out").len(), 2);
+    assert!(rig.kafka.committed(OUT).is_empty());
+}

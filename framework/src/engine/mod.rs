@@ -152,18 +152,29 @@ impl Engine {
         if let Some(declared) = processor.input_topic()
             && declared != config.input_topic
         {
-            return Err(Error::Config {
-                key: "input".into(),
-                value: config.input_topic.clone(),
-                accepted: format!(
-                    "`{declared}`, the topic processor `{}` declares (or remove the declaration)",
-                    processor.name()
-                ),
-            });
+            // A declared input is a default: the configured one renames it.
+            tracing::info!(
+                declared,
+                topic = %config.input_topic,
+                "the processor's declared input is read from the configured topic"
+            );
         }
-        for topic in processor.output_topics() {
-            if !config.output_topics.iter().any(|t| t == topic) {
-                config.output_topics.push((*topic).to_owned());
+        let declared_outputs = processor.output_topics();
+        if let Some(error) = crate::config::unknown_rename(
+            &config.renamed_outputs,
+            declared_outputs,
+            processor.name(),
+        ) {
+            return Err(error);
+        }
+        for declared in declared_outputs {
+            let topic = config
+                .renamed_outputs
+                .get(*declared)
+                .cloned()
+                .unwrap_or_else(|| (*declared).to_owned());
+            if !config.output_topics.contains(&topic) {
+                config.output_topics.push(topic);
             }
         }
         let options =

@@ -258,6 +258,7 @@ impl Rules<'_> {
                 state: &mut layers,
                 outputs: &mut outputs,
                 declared_outputs: self.declared,
+                renamed_outputs: &self.config.renamed_outputs,
             };
             let call = AssertUnwindSafe(processor.process(this_input, &mut ctx))
                 .catch_unwind()

@@ -24,6 +24,7 @@ pub(super) fn verify_config(settings: &Settings) -> Result<()> {
     for (key, value, source) in &settings.resolved {
         out.push_str(&format!("{key:width$} = {value:?}  # {source}\n"));
     }
+    out.push_str(&topic_mapping(settings));
     out.push_str(&format!(
         "configuration OK: transactional ID `{}`, state in {}\n",
         settings.engine.transactional_id(),
@@ -31,6 +32,38 @@ pub(super) fn verify_config(settings: &Settings) -> Result<()> {
     ));
     print(&out);
     Ok(())
+}
+
+/// The processor's declared topics and the topics they are read from and written to
+/// here, one line each (a rename marked), plus outputs the configuration adds.
+pub(super) fn topic_mapping(settings: &Settings) -> String {
+    let engine = &settings.engine;
+    let declared = &settings.declared;
+    let mut out = String::from("topics:\n");
+    match &declared.input {
+        Some(name) if *name != engine.input_topic => out.push_str(&format!(
+            "  input  {name} -> {}  (renamed)\n",
+            engine.input_topic
+        )),
+        Some(name) => out.push_str(&format!("  input  {name}\n")),
+        None => out.push_str(&format!(
+            "  input  {}  (not declared)\n",
+            engine.input_topic
+        )),
+    }
+    for name in &declared.outputs {
+        match engine.renamed_outputs.get(name) {
+            Some(topic) => out.push_str(&format!("  output {name} -> {topic}  (renamed)\n")),
+            None => out.push_str(&format!("  output {name}\n")),
+        }
+    }
+    for topic in &engine.output_topics {
+        if !declared.outputs.contains(topic) && !engine.renamed_outputs.values().any(|t| t == topic)
+        {
+            out.push_str(&format!("  output {topic}  (not declared)\n"));
+        }
+    }
+    out
 }
 
 /// Prints what the instance's transaction log holds per partition, read-only. Refused

@@ -71,13 +71,13 @@ const SETTINGS: &[Setting] = &[
         "input",
         None,
         "TOPIC",
-        "Input topic [default: the topic the processor declares]",
+        "Input topic [default: the topic the processor declares; this one replaces it]",
     ),
     setting(
         "outputs",
         None,
-        "TOPIC,…",
-        "Output topics, added to those the processor declares",
+        "TOPIC|NAME=TOPIC,…",
+        "Output topics added to those the processor declares (TOPIC), or a declared output sent to another topic (NAME=TOPIC, e.g. invoices=prod.invoices)",
     ),
     setting(
         "state_dir",
@@ -247,6 +247,8 @@ pub(crate) struct Settings {
     pub(crate) log_filter: String,
     /// Every setting's final value and where it came from, in table order.
     pub(crate) resolved: Vec<(String, String, Source)>,
+    /// What the processor declares (the topics the configuration may rename).
+    pub(crate) declared: Declared,
 }
 
 /// The environment variable of a setting.
@@ -285,6 +287,9 @@ pub(crate) fn arguments() -> Vec<Arg> {
             .global(true);
         if let Some(default) = s.default {
             arg = arg.default_value(default);
+        }
+        if s.key == "outputs" {
+            arg = arg.visible_alias("output");
         }
         if s.key == "require_event_id" {
             arg = arg.num_args(0..=1).default_missing_value("true");
@@ -361,8 +366,15 @@ pub(crate) fn resolve(
     match settings {
         Some(mut settings) if problems.is_empty() => {
             problems.extend(settings.engine.problems());
+            let outputs: Vec<&str> = declared.outputs.iter().map(String::as_str).collect();
+            problems.extend(crate::config::unknown_rename(
+                &settings.engine.renamed_outputs,
+                &outputs,
+                &declared.name,
+            ));
             if problems.is_empty() {
                 settings.resolved = resolved;
+                settings.declared = declared.clone();
                 Ok(settings)
             } else {
                 Err(problems)
@@ -670,12 +682,24 @@ fn build(
         text("input"),
         text("state_dir"),
     );
-    engine.output_topics = text("outputs")
+    for entry in text("outputs")
         .split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .map(str::to_owned)
-        .collect();
+    {
+        match entry.split_once('=') {
+            None => engine.output_topics.push(entry.to_owned()),
+            Some((name, topic)) if !name.trim().is_empty() && !topic.trim().is_empty() => {
+                engine
+                    .renamed_outputs
+                    .insert(name.trim().to_owned(), topic.trim().to_owned());
+            }
+            Some(_) => bad(
+                "outputs",
+                "TOPIC or NAME=TOPIC entries, comma-separated (NAME a declared output)",
+            ),
+        }
+    }
     engine.event_id_header = text("event_id_header");
     engine.dead_letter_topic = Some(text("dead_letter_topic"));
     engine.changelog_topic = Some(text("changelog_topic"));
@@ -697,6 +721,7 @@ fn build(
         log_format: log_format?,
         log_filter: text("log"),
         resolved: Vec::new(),
+        declared: Declared::default(),
     })
 }
 
@@ -787,6 +812,63 @@ mod tests {
                 other => panic!("not a config error: {other}"),
             })
             .collect()
+    }
+
+    /// Issue 16, part 3: the same binary against `staging.orders` and `prod.invoices`.
+    #[test]
+    fn declared_topics_are_defaults_that_flags_variables_and_the_file_rename() {
+        let settings = resolve_args(&[
+            "--input",
+            "staging.orders",
+            "--output",
+            "invoices=prod.invoices,audit",
+        ])
+        .expect("valid");
+        let engine = &settings.engine;
+        assert_eq!(engine.input_topic, "staging.orders");
+        assert_eq!(
+            engine.renamed_outputs,
+            BTreeMap::from([("invoices".to_owned(), "prod.invoices".to_owned())])
+        );
+        assert_eq!(engine.output_topics, ["audit"], "a plain topic is added");
+
+        let config = file("input = \"prod.orders\"\noutputs = \"invoices = prod.invoices\"\n");
+        let from_file = resolve_with(&config, "linger.ms=5", ("ONCEFLOW_KAFKA_ACKS", "all"));
+        assert_eq!(from_file.engine.input_topic, "prod.orders");
+        assert_eq!(
+            from_file.engine.renamed_outputs["invoices"],
+            "prod.invoices"
+        );
+
+        // A rename names a declared output; an empty side is no rename.
+        let problems = resolve_args(&["--outputs", "receipts=prod.receipts"]).expect_err("unknown");
+        assert_eq!(keys_of(&problems), ["outputs"]);
+        assert!(
+            problems[0].to_string().contains("invoices"),
+            "{}",
+            problems[0]
+        );
+        let problems = resolve_args(&["--outputs", "invoices="]).expect_err("empty");
+        assert_eq!(keys_of(&problems), ["outputs"]);
+    }
+
+    #[test]
+    fn verify_config_shows_each_declared_topic_and_where_it_goes() {
+        let settings = resolve_args(&[
+            "--input",
+            "staging.orders",
+            "--outputs",
+            "invoices=prod.invoices,audit",
+        ])
+        .expect("valid");
+        let shown = crate::runner::commands::topic_mapping(&settings);
+        assert_eq!(
+            shown,
+            "topics:\n  input  orders -> staging.orders  (renamed)\n  output invoices -> \
+             prod.invoices  (renamed)\n  output audit  (not declared)\n"
+        );
+        let plain = crate::runner::commands::topic_mapping(&resolve_args(&[]).expect("valid"));
+        assert_eq!(plain, "topics:\n  input  orders\n  output invoices\n");
     }
 
     #[test]
