@@ -80,7 +80,7 @@ use crate::kafka::{self, ClientOptions, InputConsumer, Isolation, Polled, Rebala
 use crate::processor::Processor;
 use crate::txlog::{self, Opened, TxLog};
 use crate::{Error, Result};
-use backoff::abort_backoff;
+use backoff::{abort_backoff, retry_transient};
 use recover::{Failed, ISOLATE_AFTER, Parts, Resync, isolate, recover, stops_the_instance};
 use seams::{ChangelogReplay, NewProducer, Restore, Source};
 
@@ -225,8 +225,15 @@ impl Engine {
         }
         startup::log_contents(&txlog);
         kafka::check_connection(options, CONNECT_TIMEOUT).await?;
-        startup::check_topics(options, &config).await?;
-        startup::adopt_changelog(options, &config, &txlog).await?;
+        // A node away (a rolling restart) fails a check now and then: asked again.
+        retry_transient("check the topics", || {
+            startup::check_topics(options, &config)
+        })
+        .await?;
+        retry_transient("read the changelog's topic ID", || {
+            startup::adopt_changelog(options, &config, &txlog)
+        })
+        .await?;
 
         let mut producer = seams::new_producer(options, &config).await?;
         let subscribe = || {
@@ -244,7 +251,10 @@ impl Engine {
             .kafka_property("message.max.bytes")
             .and_then(|value| value.parse().ok())
             .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
-        let output_limits = startup::output_limits(options, &config, producer_limit).await?;
+        let output_limits = retry_transient("read the topics' size limits", || {
+            startup::output_limits(options, &config, producer_limit)
+        })
+        .await?;
         tracing::info!(
             processor = processor.name(),
             group = %config.group,

@@ -40,7 +40,12 @@ pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) ->
             class,
         };
     }
-    let code = error.rdkafka_error_code();
+    // rdkafka gives no code for an admin call's error, though it carries one: without it
+    // a broker away during a start-up check was not retriable, and the instance stopped.
+    let code = match &error {
+        KafkaError::AdminOp(code) => Some(*code),
+        other => other.rdkafka_error_code(),
+    };
     if let KafkaError::MessageConsumptionFatal(code) = &error {
         // librdkafka raised it as fatal: the consumer cannot go on, however often polled.
         return Error::Kafka {
@@ -164,6 +169,24 @@ pub(crate) fn levels_logged(run: impl FnOnce()) -> Vec<tracing::Level> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Seen on the cluster: an instance restarted while a node was away stopped at its
+    /// start-up check, "describe the configuration … failed: BrokerTransportFailure",
+    /// because an admin call's error came without its code and so was not retriable.
+    #[test]
+    fn an_admin_call_error_keeps_its_code_and_class() {
+        let error = kafka_error(
+            "describe the configuration of `t`",
+            KafkaError::AdminOp(RDKafkaErrorCode::BrokerTransportFailure),
+        );
+        assert!(error.is_retriable(), "{error:?}");
+        assert!(error.has_code(RDKafkaErrorCode::BrokerTransportFailure));
+        let exists = kafka_error(
+            Operation::create_topic("t"),
+            KafkaError::AdminOp(RDKafkaErrorCode::TopicAlreadyExists),
+        );
+        assert!(exists.has_code(RDKafkaErrorCode::TopicAlreadyExists));
+    }
 
     /// A broker restarting makes every client report refused connections: WARN, so
     /// that ERROR stays for what cannot go on.
