@@ -80,8 +80,26 @@ impl Running {
     /// Asks for a graceful stop (closes its stdin) and returns its counters.
     pub fn stop(mut self, within: Duration) -> serde_json::Value {
         drop(self.child.stdin.take());
+        self.counters(within, "its stdin closed")
+    }
+
+    /// SIGTERM, as an orchestrator stops a pod: a graceful exit with its counters.
+    pub fn terminate(self, within: Duration) -> serde_json::Value {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(sent.success(), "kill -TERM failed");
+        self.counters(within, "SIGTERM")
+    }
+
+    /// Waits for the graceful exit `after` asked for, and reads the counters it printed.
+    fn counters(mut self, within: Duration, after: &str) -> serde_json::Value {
         let status = self.wait(within);
-        assert!(status.success(), "sum_processor exited with {status}");
+        assert!(
+            status.success(),
+            "sum_processor exited with {status} after {after}"
+        );
         let mut stdout = String::new();
         use std::io::Read;
         self.child

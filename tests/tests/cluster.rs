@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use onceflow::Engine;
 use onceflow::testkit::Cluster;
 use onceflow::testkit::Isolation;
+use onceflow_e2e::child::Instance;
 use onceflow_e2e::sum::{self, Amount, Sum};
 use onceflow_e2e::{Operator, Watcher};
 
@@ -45,9 +46,14 @@ async fn outputs_reach<T>(
     }
 }
 
+/// One fault test at a time: the tests share the binary's cluster, and one test's
+/// faults would land in the middle of another's.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_and_a_stall()
 -> Result<(), Box<dyn std::error::Error>> {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -127,5 +133,83 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     // replication factor (3 here), not 1.
     let changelog = format!("{}-txlog", op.group);
     assert_eq!(cluster.in_sync(&changelog, 0).await?.len(), 3);
+    Ok(())
+}
+
+/// Instances bounced on the cluster (issue 13's matrix, one round of each): two
+/// `sum_processor` processes share six partitions; at 20% of the outputs one is killed
+/// (SIGKILL) and started again at once, at 45% the other is stopped with SIGTERM and
+/// started again, at 70% the leader of a changelog partition is killed and started
+/// again 5 s later. Every event exactly once with exact running sums, and a
+/// `read_committed` reader through it all saw what the final read sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_through_instances_killed_and_terminated_and_a_changelog_leader_killed()
+-> Result<(), Box<dyn std::error::Error>> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    let cluster: &'static Cluster = onceflow::testkit::cluster().await;
+    let op = Operator::on(cluster.kafka(), "bounce", 6).await?;
+    let watcher = Watcher::start(op.kafka, &op.output, 6);
+    let disks = [tempfile::tempdir()?, tempfile::tempdir()?];
+    let a = Instance {
+        binary: env!("CARGO_BIN_EXE_sum_processor").into(),
+        brokers: op.kafka.bootstrap_servers().to_owned(),
+        group: op.group.clone(),
+        instance: "a".into(),
+        input: op.input.clone(),
+        output: op.output.clone(),
+        state_dir: disks[0].path().to_owned(),
+        env: Vec::new(),
+    };
+    let b = Instance {
+        instance: "b".into(),
+        state_dir: disks[1].path().to_owned(),
+        ..a.clone()
+    };
+
+    let events = sum::amounts(0, 20_000, 60);
+    let again: Vec<Amount> = events.iter().step_by(20).cloned().collect();
+    sum::produce(op.kafka, &op.input, &events).await?;
+    sum::produce(op.kafka, &op.input, &again).await?;
+    let wait = |count: usize| sum::wait_for_outputs(op.kafka, &op.output, count, WITHIN);
+
+    let running_a = a.spawn();
+    let running_b = b.spawn();
+    wait(4_000).await?;
+    eprintln!("SIGKILL instance a");
+    running_a.kill();
+    let running_a = a.spawn();
+    wait(9_000).await?;
+    eprintln!("SIGTERM instance b");
+    running_b.terminate(WITHIN);
+    let running_b = b.spawn();
+    wait(14_000).await?;
+    let changelog = format!("{}-txlog", op.group);
+    let leader = cluster.leader(&changelog, 0).await?;
+    eprintln!("killing node {leader}, the leader of the changelog's partition 0");
+    cluster.kill(leader).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    cluster.start_node(leader).await?;
+
+    let done = async {
+        wait(events.len()).await?;
+        sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await
+    }
+    .await;
+    running_a.stop(WITHIN);
+    running_b.stop(WITHIN);
+    cluster.heal().await?;
+    done?;
+
+    let outputs = sum::committed_outputs(op.kafka, &op.output).await?;
+    sum::assert_exactly_once(&events, &outputs);
+    let last = op
+        .kafka
+        .read_to_end(&op.output, Isolation::ReadCommitted)
+        .await?;
+    watcher.finish(events.len(), Duration::from_secs(60), &last);
     Ok(())
 }

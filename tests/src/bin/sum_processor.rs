@@ -70,9 +70,13 @@ async fn main() {
                 .unwrap_or(false)
             {}
         };
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("SIGTERM handler");
         tokio::select! {
             () = closed => {}
             _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
         }
         shutdown.trigger();
     });
@@ -96,6 +100,11 @@ async fn main() {
                     })
                 );
             }
+            // Not a return from main: the runtime would wait on its way out for the
+            // blocking read of stdin, which never ends when a signal stopped the engine.
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            std::process::exit(0);
         }
         Err(error @ Error::Fenced { .. }) => {
             eprintln!("sum_processor: {error}");
