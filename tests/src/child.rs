@@ -93,6 +93,22 @@ impl Running {
         self.counters(within, "SIGTERM")
     }
 
+    /// Freezes it for `stall` (SIGSTOP, then SIGCONT): every thread stops, librdkafka's
+    /// heartbeats too, as in a long GC pause, a VM stall or a cut network. Past the
+    /// session timeout its partitions move, and it wakes as a zombie in mid-batch.
+    pub fn freeze_for(&self, stall: Duration) {
+        let signal = |name: &str| {
+            let sent = Command::new("kill")
+                .args([name, &self.child.id().to_string()])
+                .status()
+                .expect("kill");
+            assert!(sent.success(), "kill {name} failed");
+        };
+        signal("-STOP");
+        std::thread::sleep(stall);
+        signal("-CONT");
+    }
+
     /// Waits for the graceful exit `after` asked for, and reads the counters it printed.
     fn counters(mut self, within: Duration, after: &str) -> serde_json::Value {
         let status = self.wait(within);

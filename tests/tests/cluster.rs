@@ -213,3 +213,73 @@ async fn exactly_once_through_instances_killed_and_terminated_and_a_changelog_le
     watcher.finish(events.len(), Duration::from_secs(60), &last);
     Ok(())
 }
+
+/// A zombie (issue 13): one of two instances is frozen (SIGSTOP) in the middle of its
+/// work for longer than the 6 s session timeout, so its partitions move to the other;
+/// then it wakes (SIGCONT) with its batch open and tries to go on. Nothing it commits
+/// after waking may be visible twice (the group's generation refuses its offsets,
+/// KIP-447), it must join the group again and take its share back, and both instances
+/// must still run at the end and stop cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_instance_wakes_as_a_zombie_commits_nothing_twice_and_rejoins()
+-> Result<(), Box<dyn std::error::Error>> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let cluster: &'static Cluster = onceflow::testkit::cluster().await;
+    let op = Operator::on(cluster.kafka(), "zombie", 6).await?;
+    let watcher = Watcher::start(op.kafka, &op.output, 6);
+    let disks = [tempfile::tempdir()?, tempfile::tempdir()?];
+    let a = Instance {
+        binary: env!("CARGO_BIN_EXE_sum_processor").into(),
+        brokers: op.kafka.bootstrap_servers().to_owned(),
+        group: op.group.clone(),
+        instance: "a".into(),
+        input: op.input.clone(),
+        output: op.output.clone(),
+        state_dir: disks[0].path().to_owned(),
+        env: Vec::new(),
+    };
+    let b = Instance {
+        instance: "b".into(),
+        state_dir: disks[1].path().to_owned(),
+        ..a.clone()
+    };
+    let events = sum::amounts(0, 20_000, 60);
+    let (first, rest) = events.split_at(8_000);
+    let (during, after) = rest.split_at(4_000);
+    let running_a = a.spawn();
+    let running_b = b.spawn();
+    // Both in the group with three partitions each before anything arrives.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    sum::produce(op.kafka, &op.input, first).await?;
+    sum::wait_for_outputs(op.kafka, &op.output, 4_000, WITHIN).await?;
+    // More arrives while `a` is frozen, so it wakes up in the middle of a stream.
+    let producing = {
+        let (kafka, input, during) = (op.kafka, op.input.clone(), during.to_vec());
+        tokio::spawn(async move { sum::produce(kafka, &input, &during).await })
+    };
+    eprintln!("freezing instance a for 10 s");
+    tokio::task::block_in_place(|| running_a.freeze_for(Duration::from_secs(10)));
+    producing.await??;
+    // And more after it woke: its share comes back to it once it joined again.
+    sum::produce(op.kafka, &op.input, after).await?;
+
+    let done = async {
+        sum::wait_for_outputs(op.kafka, &op.output, events.len(), WITHIN).await?;
+        sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await
+    }
+    .await;
+    // Both alive: a graceful stop of each succeeds; `a` was in the group before its
+    // freeze and joined it again after.
+    let woke = running_a.stop(WITHIN);
+    running_b.stop(WITHIN);
+    assert!(woke["assignments"].as_u64() >= Some(2), "{woke}");
+    done?;
+    let outputs = sum::committed_outputs(op.kafka, &op.output).await?;
+    sum::assert_exactly_once(&events, &outputs);
+    let last = op
+        .kafka
+        .read_to_end(&op.output, Isolation::ReadCommitted)
+        .await?;
+    watcher.finish(events.len(), Duration::from_secs(60), &last);
+    Ok(())
+}

@@ -97,6 +97,7 @@ async fn main() {
                         "duplicates_skipped": stats.duplicates_skipped,
                         "commits": stats.commits,
                         "aborts": stats.aborts,
+                        "assignments": stats.assignments,
                     })
                 );
             }
