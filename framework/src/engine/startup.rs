@@ -17,7 +17,7 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
 /// Returns the input's partition count.
 pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig) -> Result<i32> {
     let input = &config.input_topic;
-    let partitions = kafka::partition_count(options, input, METADATA_TIMEOUT)
+    let partitions = settled_partition_count(options, input)
         .await?
         .ok_or_else(|| Error::Config {
             key: "input".into(),
@@ -25,10 +25,7 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
             accepted: "an existing topic (create it first; onceflow does not create inputs)".into(),
         })?;
     for output in &config.output_topics {
-        if kafka::partition_count(options, output, METADATA_TIMEOUT)
-            .await?
-            .is_none()
-        {
+        if settled_partition_count(options, output).await?.is_none() {
             return Err(Error::Config {
                 key: "outputs".into(),
                 value: output.clone(),
@@ -90,6 +87,26 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
         warn_if_not_durable(options, &dead_letters).await?;
     }
     Ok(partitions)
+}
+
+/// How often, and how far apart, a topic the configuration names is looked for before it
+/// is taken for missing.
+const LOOK_FOR_TOPIC: (u32, Duration) = (10, Duration::from_millis(500));
+
+/// The partition count of a topic the configuration names, `None` when it is missing. A
+/// topic created a moment ago is not yet known to every broker (on a three-node cluster a
+/// test saw an instance started right after its output was created stop with "create it
+/// first"): it is looked for again, for up to 5 s, before it is taken for missing.
+async fn settled_partition_count(options: &ClientOptions, topic: &str) -> Result<Option<i32>> {
+    let (times, pause) = LOOK_FOR_TOPIC;
+    for _ in 1..times {
+        if let Some(partitions) = kafka::partition_count(options, topic, METADATA_TIMEOUT).await? {
+            return Ok(Some(partitions));
+        }
+        tracing::debug!(topic, "topic not found; looking again");
+        tokio::time::sleep(pause).await;
+    }
+    kafka::partition_count(options, topic, METADATA_TIMEOUT).await
 }
 
 /// Warns when `topic` would lose committed records with one broker: fewer than 3
