@@ -231,3 +231,26 @@ impl Watcher {
         }
     }
 }
+
+/// Waits (at most `within`) until `group` is stable with `members` members, as the group
+/// coordinator reports it; panics with what it last saw otherwise.
+pub fn wait_for_members(kafka: &Kafka, group: &str, members: usize, within: Duration) {
+    let client: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap_servers())
+        .create()
+        .expect("admin consumer");
+    let deadline = Instant::now() + within;
+    let mut last = String::from("nothing");
+    while Instant::now() < deadline {
+        if let Ok(list) = client.fetch_group_list(Some(group), Duration::from_secs(5))
+            && let Some(found) = list.groups().first()
+        {
+            if found.state() == "Stable" && found.members().len() == members {
+                return;
+            }
+            last = format!("{} with {} members", found.state(), found.members().len());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("group {group} not stable with {members} members after {within:?}: {last}");
+}
