@@ -424,6 +424,36 @@ impl EngineConfig {
                 bad(key, value.clone(), accepted);
             }
         }
+        // The producer's timeouts against the transaction's (issue 13): librdkafka sets
+        // message.timeout.ms to transaction.timeout.ms unless told otherwise.
+        if self.kafka_property("transaction.timeout.ms").is_some() {
+            bad(
+                "transaction.timeout.ms",
+                "(set)".into(),
+                "set through transaction_timeout (--transaction-timeout): the engine bounds \
+                 its batches, commits and replay waits by it too",
+            );
+        }
+        if self.delivery == DeliveryMode::ExactlyOnce {
+            let millis = |key: &str| {
+                self.kafka_property(key)
+                    .and_then(|value| value.trim().parse::<u64>().ok())
+                    .map(Duration::from_millis)
+            };
+            if let Some(timeout) = millis("message.timeout.ms")
+                && timeout > self.transaction_timeout
+            {
+                bad(
+                    "message.timeout.ms",
+                    format!("{timeout:?}"),
+                    &format!(
+                        "at most transaction_timeout ({:?}): a record still being retried past \
+                         it would outlive its transaction (librdkafka refuses it too)",
+                        self.transaction_timeout
+                    ),
+                );
+            }
+        }
         problems
     }
 }
@@ -490,6 +520,38 @@ mod tests {
                 .is_empty()
         );
         assert!(base.kafka("acks", "all").problems().is_empty());
+    }
+
+    /// Issue 13: the producer's timeouts must fit inside the transaction's.
+    #[test]
+    fn producer_timeouts_longer_than_the_transaction_are_refused() {
+        let base = EngineConfig::new("k:9092", "billing", "a", "orders", "/tmp/s");
+        let keys = |config: EngineConfig| -> Vec<String> {
+            config
+                .problems()
+                .into_iter()
+                .map(|p| match p {
+                    Error::Config { key, .. } => key,
+                    other => panic!("{other}"),
+                })
+                .collect()
+        };
+        // The default transaction timeout is 10 s.
+        assert_eq!(
+            keys(base.clone().kafka("message.timeout.ms", "30000")),
+            ["message.timeout.ms"]
+        );
+        assert_eq!(
+            keys(base.clone().kafka("transaction.timeout.ms", "5000")),
+            ["transaction.timeout.ms"]
+        );
+        assert!(keys(base.clone().kafka("message.timeout.ms", "10000")).is_empty());
+        // A produce request's own timeout is bounded by the record's (librdkafka retries
+        // it until message.timeout.ms): any value is fine.
+        assert!(keys(base.clone().kafka("request.timeout.ms", "30000")).is_empty());
+        // Without transactions nothing outlives a transaction.
+        let at_least_once = base.delivery(DeliveryMode::AtLeastOnce);
+        assert!(keys(at_least_once.kafka("message.timeout.ms", "30000")).is_empty());
     }
 
     #[test]
