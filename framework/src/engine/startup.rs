@@ -34,6 +34,14 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
                         .into(),
             });
         }
+        // A committed output lost with a broker is lost for good: say so at start.
+        warn_if_not_durable(
+            options,
+            output,
+            "outputs are your topics: alter or recreate them with 3 replicas and \
+             min.insync.replicas 2",
+        )
+        .await?;
     }
     let changelog = config.changelog_topic();
     let factor = config.changelog_replication_factor.map(|f| f.to_string());
@@ -75,7 +83,7 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
         }
         None => create(options, &changelog, partitions, &changelog_configs).await?,
     }
-    warn_if_not_durable(options, &changelog).await?;
+    warn_if_not_durable(options, &changelog, OWN_TOPIC_FIX).await?;
     if config.on_error == ErrorPolicy::DeadLetter {
         let dead_letters = config.dead_letter_topic();
         if kafka::partition_count(options, &dead_letters, METADATA_TIMEOUT)
@@ -84,10 +92,14 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
         {
             create(options, &dead_letters, partitions, &dead_letter_configs).await?;
         }
-        warn_if_not_durable(options, &dead_letters).await?;
+        warn_if_not_durable(options, &dead_letters, OWN_TOPIC_FIX).await?;
     }
     Ok(partitions)
 }
+
+/// How to make one of onceflow's own topics durable.
+const OWN_TOPIC_FIX: &str = "set changelog_replication_factor, or the broker's \
+                             default.replication.factor and min.insync.replicas";
 
 /// How often, and how far apart, a topic the configuration names is looked for before it
 /// is taken for missing.
@@ -112,7 +124,7 @@ async fn settled_partition_count(options: &ClientOptions, topic: &str) -> Result
 /// Warns when `topic` would lose committed records with one broker: fewer than 3
 /// replicas, or `min.insync.replicas` below 2. Fine on a one-broker test cluster, not in
 /// production: the changelog holds the dedup log and the state.
-async fn warn_if_not_durable(options: &ClientOptions, topic: &str) -> Result<()> {
+async fn warn_if_not_durable(options: &ClientOptions, topic: &str, fix: &str) -> Result<()> {
     let replicas = kafka::replica_count(options, topic, METADATA_TIMEOUT).await?;
     let min_isr = kafka::topic_config(options, topic, "min.insync.replicas", METADATA_TIMEOUT)
         .await?
@@ -123,8 +135,7 @@ async fn warn_if_not_durable(options: &ClientOptions, topic: &str) -> Result<()>
             replicas = ?replicas,
             min_insync_replicas = ?min_isr,
             "topic is not durable against a broker failure (want 3 replicas and \
-             min.insync.replicas 2; set changelog_replication_factor, or the broker's \
-             default.replication.factor and min.insync.replicas)"
+             min.insync.replicas 2; {fix})"
         );
     }
     Ok(())
