@@ -140,10 +140,11 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
 /// `sum_processor` processes share six partitions; at 20% of the outputs one is killed
 /// (SIGKILL) and started again at once, at 45% the other is stopped with SIGTERM and
 /// started again, at 70% the leader of a changelog partition is killed and started
-/// again 5 s later. Every event exactly once with exact running sums, and a
-/// `read_committed` reader through it all saw what the final read sees.
+/// again 5 s later, at 85% the leader of an output partition is restarted cleanly.
+/// Every event exactly once with exact running sums, and a `read_committed` reader
+/// through it all saw what the final read sees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_once_through_instances_killed_and_terminated_and_a_changelog_leader_killed()
+async fn exactly_once_through_instances_killed_and_terminated_and_leaders_bounced()
 -> Result<(), Box<dyn std::error::Error>> {
     let _alone = ONE_AT_A_TIME.lock().await;
     let _ = tracing_subscriber::fmt()
@@ -193,6 +194,10 @@ async fn exactly_once_through_instances_killed_and_terminated_and_a_changelog_le
     cluster.kill(leader).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     cluster.start_node(leader).await?;
+    wait(17_000).await?;
+    let leader = cluster.leader(&op.output, 0).await?;
+    eprintln!("restarting node {leader}, the leader of the output's partition 0");
+    cluster.restart(leader).await?;
 
     let done = async {
         wait(events.len()).await?;
