@@ -44,7 +44,7 @@ pub use error::{Error, ErrorClass, KafkaCode, Operation, Result};
 pub use event::{Codec, Event, EventId, Json};
 #[cfg(feature = "derive")]
 pub use onceflow_macros::{Event, Processor};
-pub use processor::{Context, Processor, RecordMeta, State, Topic};
+pub use processor::{Context, OutputRecord, Processor, RecordMeta, State, Topic};
 #[cfg(feature = "runner")]
 pub use runner::{run, run_with_args};
 

@@ -94,12 +94,77 @@ pub(crate) struct Output {
     pub(crate) topic: String,
     pub(crate) key: Option<Vec<u8>>,
     pub(crate) value: Vec<u8>,
+    pub(crate) headers: Vec<(String, Option<Vec<u8>>)>,
+    pub(crate) timestamp_ms: Option<i64>,
 }
 
 impl Output {
-    /// Bytes librdkafka counts against `message.max.bytes`.
+    /// Bytes librdkafka counts against `message.max.bytes` (key, value and headers).
     pub(crate) fn size(&self) -> usize {
-        self.key.as_ref().map_or(0, Vec::len) + self.value.len()
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.as_ref().map_or(0, Vec::len))
+            .sum();
+        self.key.as_ref().map_or(0, Vec::len) + self.value.len() + headers
+    }
+}
+
+/// An output record with what a Kafka record can carry besides its key and value:
+/// headers and its own timestamp, for [`Context::emit_record`].
+///
+/// ```
+/// # fn f(ctx: &mut onceflow::Context<'_>) -> onceflow::Result<()> {
+/// let invoice = onceflow::OutputRecord::json(&serde_json::json!({"total": 42}))?
+///     .key("c17")
+///     .header("trace-id", "4bf92f35")
+///     .timestamp_ms(ctx.record().timestamp_ms.unwrap_or_default());
+/// ctx.emit_record("invoices", invoice)
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct OutputRecord {
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+    timestamp_ms: Option<i64>,
+}
+
+impl OutputRecord {
+    /// A record whose value is `value` as JSON.
+    pub fn json<V: Serialize + ?Sized>(value: &V) -> Result<Self> {
+        let value = Json.encode(value).map_err(|message| Error::Encode {
+            what: "an output record".into(),
+            message,
+        })?;
+        Ok(Self::bytes(value))
+    }
+
+    /// A record whose value is these bytes.
+    pub fn bytes(value: impl Into<Vec<u8>>) -> Self {
+        OutputRecord {
+            value: value.into(),
+            ..OutputRecord::default()
+        }
+    }
+
+    /// Sets the key (the partitioner hashes it: equal keys keep their order).
+    pub fn key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Adds a header (names may repeat; order is kept).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push((name.into(), Some(value.into())));
+        self
+    }
+
+    /// Sets the record's timestamp, in milliseconds since the epoch (by default the
+    /// producer's clock when it is sent), e.g. the input's event time.
+    pub fn timestamp_ms(mut self, timestamp_ms: i64) -> Self {
+        self.timestamp_ms = Some(timestamp_ms);
+        self
     }
 }
 
@@ -195,6 +260,19 @@ impl Context<'_> {
         key: Option<Vec<u8>>,
         value: Vec<u8>,
     ) -> Result<()> {
+        self.emit_record(
+            topic,
+            OutputRecord {
+                key,
+                value,
+                ..OutputRecord::default()
+            },
+        )
+    }
+
+    /// Emits `record`, with its headers and timestamp, to `topic`, one of the declared
+    /// outputs.
+    pub fn emit_record(&mut self, topic: impl AsRef<str>, record: OutputRecord) -> Result<()> {
         // A declared name the configuration renamed goes to its configured topic.
         let topic = topic.as_ref();
         let topic = self
@@ -214,8 +292,10 @@ impl Context<'_> {
         }
         self.outputs.push(Output {
             topic: topic.to_owned(),
-            key,
-            value,
+            key: record.key,
+            value: record.value,
+            headers: record.headers,
+            timestamp_ms: record.timestamp_ms,
         });
         Ok(())
     }

@@ -354,3 +354,67 @@ async fn declared_topics_are_checked_against_the_configuration() -> TestResult {
     assert!(error.to_string().contains(&missing), "{error}");
     Ok(())
 }
+
+/// Issue 16, part 4: what a handler gives an output beyond key and value, its headers
+/// and its own timestamp (here the input's event time, a day back), reaches a
+/// `read_committed` reader as given; the input's headers and timestamp are readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_carry_the_headers_and_timestamp_the_processor_gives_them() -> TestResult {
+    struct Stamper(String);
+
+    #[onceflow::async_trait]
+    impl onceflow::Processor for Stamper {
+        type Input = Amount;
+        fn name(&self) -> &str {
+            "stamper"
+        }
+        async fn process(
+            &mut self,
+            input: Amount,
+            ctx: &mut onceflow::Context<'_>,
+        ) -> onceflow::Result<()> {
+            let at = ctx.record().timestamp_ms.expect("input timestamp") - 86_400_000;
+            let record = onceflow::OutputRecord::json(&input)?
+                .key(input.key.clone())
+                .header("source-offset", ctx.offset().to_string())
+                .timestamp_ms(at);
+            ctx.emit_record(&self.0, record)
+        }
+    }
+
+    let s = setup("eo-headers", 1).await?;
+    let inputs = sum::amounts(0, 5, 1);
+    sum::produce(s.kafka, &s.input, &inputs).await?;
+    let read = s
+        .kafka
+        .read_to_end(&s.input, Isolation::ReadCommitted)
+        .await?;
+    let engine = Engine::new(s.config("a"))?;
+    let shutdown = engine.shutdown_handle();
+    let running = tokio::spawn(engine.run(Stamper(s.output.clone())));
+    let deadline = std::time::Instant::now() + WITHIN;
+    let outputs = loop {
+        let outputs = s
+            .kafka
+            .read_to_end(&s.output, Isolation::ReadCommitted)
+            .await?;
+        if outputs.len() >= inputs.len() || std::time::Instant::now() > deadline {
+            break outputs;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    shutdown.trigger();
+    running.await??;
+    assert_eq!(outputs.len(), inputs.len());
+    for (input, output) in read.iter().zip(&outputs) {
+        assert_eq!(
+            output.header("source-offset"),
+            Some(input.offset.to_string().as_bytes())
+        );
+        assert_eq!(
+            output.timestamp_ms,
+            input.timestamp_ms.map(|t| t - 86_400_000)
+        );
+    }
+    Ok(())
+}

@@ -192,6 +192,11 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         crash_point!("onceflow-after-process");
         merge(&mut part.overlay, writes);
         for output in outputs {
+            let headers: Vec<(&str, Option<&[u8]>)> = output
+                .headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_deref()))
+                .collect();
             part.outputs.push(
                 self.producer
                     .send(Outgoing {
@@ -199,7 +204,8 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                         partition: None,
                         key: output.key.as_deref(),
                         value: Some(&output.value),
-                        headers: &[],
+                        headers: &headers,
+                        timestamp_ms: output.timestamp_ms,
                     })
                     .await?,
             );

@@ -92,6 +92,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                         key: Some(&key),
                         value: value.as_deref(),
                         headers: &[],
+                        timestamp_ms: None,
                     })
                     .await?;
                 pending_changelog.push((*partition, pending));

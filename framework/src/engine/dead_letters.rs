@@ -169,6 +169,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                         key: record.key.as_deref(),
                         value,
                         headers: &headers,
+                        timestamp_ms: None,
                     })
                     .await?;
                 failed.pending.push(pending);

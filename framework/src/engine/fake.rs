@@ -68,6 +68,7 @@ pub(crate) struct Stored {
     pub(crate) key: Option<Vec<u8>>,
     pub(crate) value: Option<Vec<u8>>,
     pub(crate) headers: Vec<(String, Option<Vec<u8>>)>,
+    pub(crate) timestamp_ms: Option<i64>,
 }
 
 impl Stored {
@@ -434,6 +435,7 @@ impl Sink<FakeKafka> for FakeKafka {
                     .iter()
                     .map(|(n, v)| ((*n).to_owned(), v.map(<[u8]>::to_vec)))
                     .collect(),
+                timestamp_ms: record.timestamp_ms,
             };
             if landing.is_ok() {
                 if inner.in_transaction {

@@ -520,3 +520,67 @@ async fn an_emit_to_a_renamed_output_goes_to_the_configured_topic() {
     assert_eq!(rig.kafka.committed("prod.out").len(), 2);
     assert!(rig.kafka.committed(OUT).is_empty());
 }
+
+/// Issue 16, part 4: a processor emits a record with headers and its own timestamp
+/// (here the input's event time, a day back); both reach the output as given, and the
+/// headers count against the topic's size limit like the key and value.
+#[tokio::test]
+async fn an_output_carries_the_headers_and_timestamp_the_processor_gives_it() {
+    struct Tagger;
+
+    #[async_trait::async_trait]
+    impl Processor for Tagger {
+        type Input = In;
+
+        fn name(&self) -> &str {
+            "tagger"
+        }
+
+        async fn process(&mut self, input: In, ctx: &mut Context<'_>) -> Result<()> {
+            let at = ctx.record().timestamp_ms.unwrap_or_default() - 86_400_000;
+            let record = crate::processor::OutputRecord::json(&input.amount)?
+                .key(input.key.clone())
+                .header("source-offset", ctx.offset().to_string())
+                .header("tag", "x".repeat(input.big_state))
+                .timestamp_ms(at);
+            ctx.emit_record(OUT, record)
+        }
+    }
+
+    let mut rig = Rig::new(DeliveryMode::ExactlyOnce);
+    let mut first = amount(0, "a", 1);
+    first.timestamp_ms = Some(1_796_000_000_000);
+    rig.batch()
+        .run(&mut Tagger, vec![first])
+        .await
+        .expect("batch");
+    let out = rig.kafka.committed(OUT);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].header("source-offset").as_deref(), Some("0"));
+    assert_eq!(out[0].timestamp_ms, Some(1_796_000_000_000 - 86_400_000));
+    assert_eq!(out[0].key.as_deref(), Some(&b"k"[..]));
+
+    // Headers count: a header that takes the record over the limit fails the record
+    // before its transaction, as a large value does.
+    rig.limits.insert(OUT.into(), 300);
+    let big = record(
+        1,
+        In {
+            id: Some("b".into()),
+            key: "k".into(),
+            amount: 2,
+            big_state: 500,
+            ..In::default()
+        },
+    );
+    rig.batch()
+        .run(&mut Tagger, vec![big])
+        .await
+        .expect("batch");
+    assert_eq!(
+        rig.kafka.committed(OUT).len(),
+        1,
+        "the big one was not output"
+    );
+    assert_eq!(rig.kafka.committed(DLQ).len(), 1, "it was dead-lettered");
+}

@@ -29,6 +29,8 @@ pub(crate) struct Outgoing<'r> {
     pub(crate) key: Option<&'r [u8]>,
     pub(crate) value: Option<&'r [u8]>,
     pub(crate) headers: &'r [(&'r str, Option<&'r [u8]>)],
+    /// The record's own timestamp (ms since the epoch); `None`: the producer's clock.
+    pub(crate) timestamp_ms: Option<i64>,
 }
 
 /// A sent record whose acknowledgement may still be coming.
@@ -201,6 +203,7 @@ impl Sink<InputConsumer> for OutputProducer {
             record.key,
             record.value,
             record.headers,
+            record.timestamp_ms,
         )
     }
 

@@ -139,8 +139,8 @@ impl OutputProducer {
             .map_err(|e| self.classify("begin_transaction", e))
     }
 
-    /// Queues a record with headers (a header may have no value); waits while
-    /// librdkafka's queue is full.
+    /// Queues a record with headers (a header may have no value) and, if given, its own
+    /// timestamp (else the producer's clock); waits while librdkafka's queue is full.
     pub(crate) async fn send_with_headers(
         &self,
         topic: &str,
@@ -148,9 +148,13 @@ impl OutputProducer {
         key: Option<&[u8]>,
         value: Option<&[u8]>,
         headers: &[(&str, Option<&[u8]>)],
+        timestamp_ms: Option<i64>,
     ) -> Result<Pending> {
         loop {
             let mut record = FutureRecord::<[u8], [u8]>::to(topic);
+            if let Some(timestamp) = timestamp_ms {
+                record = record.timestamp(timestamp);
+            }
             if !headers.is_empty() {
                 let mut owned = OwnedHeaders::new_with_capacity(headers.len());
                 for (name, value) in headers {
@@ -337,7 +341,7 @@ impl OutputProducer {
             }
         }
         let sent = self
-            .send_with_headers(topic, Some(0), Some(FENCE_PROBE_KEY), None, &[])
+            .send_with_headers(topic, Some(0), Some(FENCE_PROBE_KEY), None, &[], None)
             .await;
         let landed = match sent {
             Ok(pending) => pending.landed().await.map(|_| ()),
