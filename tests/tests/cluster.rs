@@ -136,6 +136,26 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     Ok(())
 }
 
+/// Two `sum_processor` instances, `a` and `b`, of `op`, each with its own disk.
+fn two_instances(op: &Operator, disks: &[tempfile::TempDir; 2]) -> [Instance; 2] {
+    let a = Instance {
+        binary: env!("CARGO_BIN_EXE_sum_processor").into(),
+        brokers: op.kafka.bootstrap_servers().to_owned(),
+        group: op.group.clone(),
+        instance: "a".into(),
+        input: op.input.clone(),
+        output: op.output.clone(),
+        state_dir: disks[0].path().to_owned(),
+        env: Vec::new(),
+    };
+    let b = Instance {
+        instance: "b".into(),
+        state_dir: disks[1].path().to_owned(),
+        ..a.clone()
+    };
+    [a, b]
+}
+
 /// Instances bounced on the cluster (issue 13's matrix, one round of each): two
 /// `sum_processor` processes share six partitions; at 20% of the outputs one is killed
 /// (SIGKILL) and started again at once, at 45% the other is stopped with SIGTERM and
@@ -155,21 +175,7 @@ async fn exactly_once_through_instances_killed_and_terminated_and_leaders_bounce
     let op = Operator::on(cluster.kafka(), "bounce", 6).await?;
     let watcher = Watcher::start(op.kafka, &op.output, 6);
     let disks = [tempfile::tempdir()?, tempfile::tempdir()?];
-    let a = Instance {
-        binary: env!("CARGO_BIN_EXE_sum_processor").into(),
-        brokers: op.kafka.bootstrap_servers().to_owned(),
-        group: op.group.clone(),
-        instance: "a".into(),
-        input: op.input.clone(),
-        output: op.output.clone(),
-        state_dir: disks[0].path().to_owned(),
-        env: Vec::new(),
-    };
-    let b = Instance {
-        instance: "b".into(),
-        state_dir: disks[1].path().to_owned(),
-        ..a.clone()
-    };
+    let [a, b] = two_instances(&op, &disks);
 
     let events = sum::amounts(0, 20_000, 60);
     let again: Vec<Amount> = events.iter().step_by(20).cloned().collect();
@@ -234,21 +240,7 @@ async fn a_frozen_instance_wakes_as_a_zombie_commits_nothing_twice_and_rejoins()
     let op = Operator::on(cluster.kafka(), "zombie", 6).await?;
     let watcher = Watcher::start(op.kafka, &op.output, 6);
     let disks = [tempfile::tempdir()?, tempfile::tempdir()?];
-    let a = Instance {
-        binary: env!("CARGO_BIN_EXE_sum_processor").into(),
-        brokers: op.kafka.bootstrap_servers().to_owned(),
-        group: op.group.clone(),
-        instance: "a".into(),
-        input: op.input.clone(),
-        output: op.output.clone(),
-        state_dir: disks[0].path().to_owned(),
-        env: Vec::new(),
-    };
-    let b = Instance {
-        instance: "b".into(),
-        state_dir: disks[1].path().to_owned(),
-        ..a.clone()
-    };
+    let [a, b] = two_instances(&op, &disks);
     let events = sum::amounts(0, 20_000, 60);
     let (first, rest) = events.split_at(8_000);
     let (during, after) = rest.split_at(4_000);
