@@ -46,6 +46,24 @@ async fn outputs_reach<T>(
     }
 }
 
+/// The final checks of every test here: each event exactly once with exact running
+/// sums, and the reader that ran through the faults saw what a final read sees (no
+/// aborted record ever visible, none in another order).
+async fn check_exactly_once(
+    op: &Operator,
+    events: &[Amount],
+    watcher: Watcher,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let outputs = sum::committed_outputs(op.kafka, &op.output).await?;
+    sum::assert_exactly_once(events, &outputs);
+    let last = op
+        .kafka
+        .read_to_end(&op.output, Isolation::ReadCommitted)
+        .await?;
+    watcher.finish(events.len(), Duration::from_secs(60), &last);
+    Ok(())
+}
+
 /// One fault test at a time: the tests share the binary's cluster, and one test's
 /// faults would land in the middle of another's.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -115,14 +133,7 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     done?;
     stopped?;
 
-    let outputs = sum::committed_outputs(op.kafka, &op.output).await?;
-    sum::assert_exactly_once(&events, &outputs);
-    // No aborted record was ever visible, nor a record in another order.
-    let last = op
-        .kafka
-        .read_to_end(&op.output, Isolation::ReadCommitted)
-        .await?;
-    watcher.finish(events.len(), Duration::from_secs(60), &last);
+    check_exactly_once(&op, &events, watcher).await?;
     let snapshot = stats.snapshot();
     assert_eq!(
         snapshot.duplicates_skipped,
@@ -215,13 +226,7 @@ async fn exactly_once_through_instances_killed_and_terminated_and_leaders_bounce
     cluster.heal().await?;
     done?;
 
-    let outputs = sum::committed_outputs(op.kafka, &op.output).await?;
-    sum::assert_exactly_once(&events, &outputs);
-    let last = op
-        .kafka
-        .read_to_end(&op.output, Isolation::ReadCommitted)
-        .await?;
-    watcher.finish(events.len(), Duration::from_secs(60), &last);
+    check_exactly_once(&op, &events, watcher).await?;
     Ok(())
 }
 
@@ -274,12 +279,6 @@ async fn a_frozen_instance_wakes_as_a_zombie_commits_nothing_twice_and_rejoins()
     running_b.stop(WITHIN);
     assert!(woke["assignments"].as_u64() >= Some(2), "{woke}");
     done?;
-    let outputs = sum::committed_outputs(op.kafka, &op.output).await?;
-    sum::assert_exactly_once(&events, &outputs);
-    let last = op
-        .kafka
-        .read_to_end(&op.output, Isolation::ReadCommitted)
-        .await?;
-    watcher.finish(events.len(), Duration::from_secs(60), &last);
+    check_exactly_once(&op, &events, watcher).await?;
     Ok(())
 }
