@@ -63,6 +63,31 @@ pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) ->
     }
 }
 
+/// Translates an error of a read of a topic the instance has already seen exist (its
+/// changelog, checked or created at start): "unknown topic or partition" there comes
+/// from a node whose metadata lags the cluster's (just restarted, or cut off from the
+/// controllers: a three-node test saw a replay stop an instance this way while a node
+/// was cut off its peers), a moment's condition, so retriable, not the refusal
+/// [`kafka_error`] makes of it for a record sent to such a topic. A topic really deleted
+/// still fails, once the caller's bounded retries are spent.
+pub(crate) fn known_topic_error(operation: impl Into<Operation>, error: KafkaError) -> Error {
+    let mut translated = kafka_error(operation, error);
+    if let Error::Kafka { code, class, .. } = &mut translated
+        && *class == ErrorClass::Rejected
+        && matches!(
+            code.0,
+            Some(
+                RDKafkaErrorCode::UnknownPartition
+                    | RDKafkaErrorCode::UnknownTopic
+                    | RDKafkaErrorCode::UnknownTopicOrPartition
+            )
+        )
+    {
+        *class = ErrorClass::Retriable;
+    }
+    translated
+}
+
 /// Logs what librdkafka reports through its error callback at the level it deserves: a
 /// node or connection going away is routine in a cluster (every restart of a broker makes
 /// its clients report refused connections), so WARN; only what cannot go on is ERROR; the
@@ -186,6 +211,29 @@ mod tests {
             KafkaError::AdminOp(RDKafkaErrorCode::TopicAlreadyExists),
         );
         assert!(exists.has_code(RDKafkaErrorCode::TopicAlreadyExists));
+    }
+
+    /// Seen on the cluster: while a node was cut off its peers, a changelog replay's
+    /// high-watermark read answered UnknownPartition, taken as "refused for good", and
+    /// the instance stopped. On a topic known to exist it is retried; for a record sent
+    /// to such a topic it stays a refusal.
+    #[test]
+    fn an_unknown_partition_of_a_known_topic_is_retriable() {
+        let read = known_topic_error(
+            "replay `t-txlog` [3]: high watermark",
+            KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownPartition),
+        );
+        assert!(read.is_retriable(), "{read:?}");
+        let sent = kafka_error(
+            "send to `t`",
+            KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownPartition),
+        );
+        assert!(!sent.is_retriable(), "{sent:?}");
+        let refused = known_topic_error(
+            "replay `t-txlog` [3]",
+            KafkaError::MetadataFetch(RDKafkaErrorCode::MessageSizeTooLarge),
+        );
+        assert!(!refused.is_retriable(), "{refused:?}");
     }
 
     /// A broker restarting makes every client report refused connections: WARN, so

@@ -25,7 +25,7 @@ pub(crate) use admin::{create_topic, partition_count, replica_count, topic_confi
 pub(crate) use blocking::blocking;
 pub(crate) use consumer::{InputConsumer, Polled, Rebalanced};
 pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
-pub(crate) use error::kafka_error;
+pub(crate) use error::{kafka_error, known_topic_error};
 pub(crate) use producer::{OutputProducer, Pending};
 #[cfg(feature = "testkit")]
 pub(crate) use read::{committed_offsets, read_to_end};

@@ -14,7 +14,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use super::{ClientOptions, Record, kafka_error, types::to_record};
+use super::{ClientOptions, Record, known_topic_error, types::to_record};
 use crate::{Error, Result};
 
 /// How often the reader looks at the watermarks while no record arrives.
@@ -106,7 +106,7 @@ pub(crate) fn read_partition(
                 ("auto.offset.reset", "earliest"),
             ])
             .create_with_context(Reader)
-            .map_err(|e| kafka_error(&operation, e))
+            .map_err(|e| known_topic_error(&operation, e))
     };
     let consumer = reader("read_committed")?;
     // Only asked for watermarks: under read_uncommitted they are the high watermark, not
@@ -115,10 +115,10 @@ pub(crate) fn read_partition(
     let watermarks = || -> Result<(i64, i64, i64)> {
         let (low, high) = meter
             .fetch_watermarks(topic, partition, timeout)
-            .map_err(|e| kafka_error(format!("{operation}: high watermark"), e))?;
+            .map_err(|e| known_topic_error(format!("{operation}: high watermark"), e))?;
         let (_, stable) = consumer
             .fetch_watermarks(topic, partition, timeout)
-            .map_err(|e| kafka_error(format!("{operation}: last stable offset"), e))?;
+            .map_err(|e| known_topic_error(format!("{operation}: last stable offset"), e))?;
         Ok((low, stable, high))
     };
     let (low, _, high) = watermarks()?;
@@ -137,10 +137,10 @@ pub(crate) fn read_partition(
     let mut assignment = TopicPartitionList::new();
     assignment
         .add_partition_offset(topic, partition, start)
-        .map_err(|e| kafka_error(&operation, e))?;
+        .map_err(|e| known_topic_error(&operation, e))?;
     consumer
         .assign(&assignment)
-        .map_err(|e| kafka_error(&operation, e))?;
+        .map_err(|e| known_topic_error(&operation, e))?;
 
     let mut next = from.unwrap_or(low).max(low);
     let mut pending = Vec::with_capacity(chunk);
@@ -166,7 +166,7 @@ pub(crate) fn read_partition(
             Some(Err(error)) => {
                 // Connections come back by themselves (a broker restarting, a network
                 // blip): keep polling until the deadline rather than fail at once.
-                let error = kafka_error(&operation, error);
+                let error = known_topic_error(&operation, error);
                 if !error.is_retriable() {
                     return Err(error);
                 }
