@@ -23,11 +23,24 @@ pub struct Instance {
     pub state_dir: PathBuf,
     /// Extra environment (e.g. `FAILPOINTS`, `SUM_DELIVERY`).
     pub env: Vec<(String, String)>,
+    /// The user it runs as, when not the test's own (see [`Instance::as_own_user`]).
+    pub user: Option<u32>,
 }
 
 impl Instance {
-    /// Starts it.
+    /// Starts it, its log on the test's standard error.
     pub fn spawn(&self) -> Running {
+        self.spawn_with_log(Stdio::inherit())
+    }
+
+    /// Starts it with its log (standard error, at `RUST_LOG` or `onceflow=warn`) in the
+    /// file `log`, for a test that reads what it said.
+    pub fn spawn_logging_to(&self, log: &Path) -> Running {
+        let file = std::fs::File::create(log).expect("log file");
+        self.spawn_with_log(file.into())
+    }
+
+    fn spawn_with_log(&self, log: Stdio) -> Running {
         let mut command = Command::new(&self.binary);
         command
             .env("SUM_BROKERS", &self.brokers)
@@ -42,12 +55,35 @@ impl Instance {
             )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(log);
         for (key, value) in &self.env {
             command.env(key, value);
         }
+        if let Some(user) = self.user {
+            use std::os::unix::process::CommandExt;
+            command.uid(user).gid(user);
+        }
         Running {
             child: command.spawn().expect("spawn sum_processor"),
+            user: self.user,
+        }
+    }
+
+    /// The same instance run as a user of its own (a fresh UID that owns its state
+    /// directory), so that [`Running::cut_off_for`] can take its network away while it
+    /// keeps running. Needs root (the tests run as root in CI, as Docker does).
+    pub fn as_own_user(&self) -> Instance {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        // Apart from other test binaries' users: each binary has its own process ID.
+        let user = 40_000
+            + (std::process::id() % 1_000) * 16
+            + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 16;
+        std::fs::create_dir_all(&self.state_dir).expect("state dir");
+        std::os::unix::fs::chown(&self.state_dir, Some(user), Some(user))
+            .expect("chown the state dir (running as a user of its own needs root)");
+        Instance {
+            user: Some(user),
+            ..self.clone()
         }
     }
 
@@ -68,6 +104,7 @@ impl Instance {
 #[derive(Debug)]
 pub struct Running {
     child: Child,
+    user: Option<u32>,
 }
 
 impl Running {
@@ -107,6 +144,54 @@ impl Running {
         signal("-STOP");
         std::thread::sleep(stall);
         signal("-CONT");
+    }
+
+    /// Cuts its network for `cut` while it keeps running: every connection it has or
+    /// opens goes silent both ways (no reset, no refusal: packets vanish, as behind a
+    /// failed link), then comes back. Its heartbeats stop reaching the group, so past the
+    /// session timeout its partitions move; its open transaction cannot commit, and
+    /// when the network returns it finds itself out of the group in mid-batch. Only
+    /// for an instance started [`Instance::as_own_user`]: the rules match its UID (a
+    /// connection mark set by its packets drops both directions on loopback).
+    pub fn cut_off_for(&self, cut: Duration) {
+        let user = self
+            .user
+            .expect("cut_off_for needs an instance started as_own_user");
+        let (user, mark) = (user.to_string(), user.to_string());
+        let rules: [Vec<&str>; 2] = [
+            vec![
+                "OUTPUT",
+                "-m",
+                "owner",
+                "--uid-owner",
+                &user,
+                "-j",
+                "CONNMARK",
+                "--set-mark",
+                &mark,
+            ],
+            vec!["INPUT", "-m", "connmark", "--mark", &mark, "-j", "DROP"],
+        ];
+        /// Takes the rules away however the test goes on (a panic included); a rule
+        /// that was never added is no error here.
+        struct Heal<'a>(&'a [Vec<&'a str>; 2]);
+        impl Drop for Heal<'_> {
+            fn drop(&mut self) {
+                for rule in self.0.iter().rev() {
+                    let _ = Command::new("iptables").arg("-D").args(rule).status();
+                }
+            }
+        }
+        let _heal = Heal(&rules);
+        for rule in &rules {
+            let status = Command::new("iptables")
+                .arg("-I")
+                .args(rule)
+                .status()
+                .expect("iptables (cutting an instance's network needs iptables and root)");
+            assert!(status.success(), "iptables -I {rule:?} failed");
+        }
+        std::thread::sleep(cut);
     }
 
     /// Waits for the graceful exit `after` asked for, and reads the counters it printed.

@@ -39,7 +39,9 @@ pub struct Summed {
     pub sum: i64,
 }
 
-/// Emits one [`Summed`] per [`Amount`], keeping each key's sum in state.
+/// Emits one [`Summed`] per [`Amount`], keeping each key's sum in state. A negative
+/// amount is refused (a processing error: the record is dead-lettered, the sum
+/// untouched), so the fault tests can check their dead letters too.
 #[derive(Debug)]
 pub struct Sum {
     output: String,
@@ -63,6 +65,12 @@ impl Processor for Sum {
     }
 
     async fn process(&mut self, input: Amount, ctx: &mut Context<'_>) -> Result<()> {
+        if input.amount < 0 {
+            return Err(onceflow::Error::processing(format!(
+                "negative amount {} refused",
+                input.amount
+            )));
+        }
         let sum = ctx.state().get::<i64>(&input.key)?.unwrap_or(0) + input.amount;
         ctx.state().put(&input.key, &sum)?;
         let output = Summed {

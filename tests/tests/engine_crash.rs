@@ -32,6 +32,7 @@ async fn instance(
         output,
         state_dir: state.path().to_owned(),
         env: Vec::new(),
+        user: None,
     })
 }
 
@@ -435,5 +436,40 @@ async fn a_kill_during_retries_still_dead_letters_exactly_once() -> TestResult {
         dead[0].header("onceflow-error-class"),
         Some(&b"transient-exhausted"[..])
     );
+    Ok(())
+}
+
+/// Issue 13's durability warning: on the one-broker test cluster every topic has one
+/// replica, so an instance warns at start about its output, its changelog and its
+/// dead-letter topic, each by name, and still runs. (The zombie test in `cluster.rs`
+/// checks that a durable cluster gets no such warning.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_warns_at_start_about_topics_one_broker_loss_would_lose() -> TestResult {
+    let kafka = testkit::kafka().await;
+    let state = tempfile::tempdir()?;
+    let base = instance(kafka, "durability", 1, &state).await?;
+    let events = sum::amounts(0, 10, 2);
+    sum::produce(kafka, &base.input, &events).await?;
+    let log = state.path().join("a.log");
+    let running = base.spawn_logging_to(&log);
+    sum::wait_for_outputs(kafka, &base.output, events.len(), WITHIN).await?;
+    running.stop(WITHIN);
+    let log = std::fs::read_to_string(&log)?;
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("topic is not durable against a broker failure"))
+        .collect();
+    for topic in [
+        base.output.clone(),
+        format!("{}-txlog", base.group),
+        format!("{}-dlq", base.group),
+    ] {
+        assert!(
+            warned
+                .iter()
+                .any(|line| line.contains(&topic) && line.contains("Some(1)")),
+            "no durability warning for `{topic}`; log:\n{log}"
+        );
+    }
     Ok(())
 }

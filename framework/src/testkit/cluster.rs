@@ -1,6 +1,7 @@
 //! A three-node KRaft cluster on its own Docker network, from the same image as the single
 //! broker, with the faults a test can cause: kill a node (SIGKILL) and start it again with
-//! its data, restart it cleanly, pause it, cut it off the network; and where to aim them:
+//! its data, restart it cleanly, pause it, cut it off the network or off its peers only;
+//! and where to aim them:
 //! the leader of a partition, the transaction coordinator of a transactional ID, the
 //! group coordinator of a group.
 //!
@@ -15,7 +16,7 @@ use testcontainers::ImageExt;
 use testcontainers::bollard::Docker;
 use testcontainers::bollard::models::{NetworkConnectRequest, NetworkDisconnectRequest};
 use testcontainers::bollard::query_parameters::{
-    KillContainerOptions, StartContainerOptions, StopContainerOptions,
+    InspectContainerOptions, KillContainerOptions, StartContainerOptions, StopContainerOptions,
 };
 use testcontainers::core::ContainerPort;
 use tokio::sync::OnceCell;
@@ -373,6 +374,59 @@ impl Cluster {
         .await
     }
 
+    /// Cuts node `id` off the other nodes (replication, the controller quorum) while
+    /// clients still reach it: every packet between it and a peer's address on the
+    /// cluster's network is dropped, in its own network namespace, until
+    /// [`Cluster::rejoin`]. The node goes on answering clients for partitions it can no
+    /// longer replicate, as a broker behind a broken switch port does.
+    pub async fn isolate(&self, id: i32) -> Result<()> {
+        self.peer_rules(id, "-I").await
+    }
+
+    /// Lets an isolated node talk to its peers again.
+    pub async fn rejoin(&self, id: i32) -> Result<()> {
+        self.peer_rules(id, "-D").await
+    }
+
+    /// Adds (`-I`) or deletes (`-D`) the rules that drop traffic between node `id` and
+    /// every other node.
+    async fn peer_rules(&self, id: i32, action: &str) -> Result<()> {
+        let (pid, _) = self.inspect(id).await?;
+        for peer in self.nodes.iter().filter(|n| n.id != id) {
+            let (_, address) = self.inspect(peer.id).await?;
+            for (chain, direction) in [("INPUT", "-s"), ("OUTPUT", "-d")] {
+                let args = [action, chain, direction, address.as_str(), "-j", "DROP"];
+                iptables_in(pid, args.iter().map(|a| (*a).to_owned()).collect()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The process ID of node `id`'s container and its address on the cluster's network.
+    async fn inspect(&self, id: i32) -> Result<(i64, String)> {
+        let container = self.container(id)?;
+        let network = self.network.clone();
+        let inspected = docker("inspect", move |docker| async move {
+            docker
+                .inspect_container(&container, None::<InspectContainerOptions>)
+                .await
+        })
+        .await?;
+        let pid = inspected
+            .state
+            .and_then(|s| s.pid)
+            .filter(|pid| *pid > 0)
+            .ok_or_else(|| Error::Broker(format!("node {id} is not running")))?;
+        let address = inspected
+            .network_settings
+            .and_then(|n| n.networks)
+            .and_then(|mut networks| networks.remove(&network))
+            .and_then(|endpoint| endpoint.ip_address)
+            .filter(|ip| !ip.is_empty())
+            .ok_or_else(|| Error::Broker(format!("node {id} has no address on {network}")))?;
+        Ok((pid, address))
+    }
+
     fn container(&self, id: i32) -> Result<String> {
         self.nodes
             .iter()
@@ -388,10 +442,11 @@ impl Cluster {
 }
 
 /// Runs a Docker call on the testkit's runtime (the containers outlive any one test's).
-async fn docker<F, Fut>(what: &'static str, call: F) -> Result<()>
+async fn docker<T, F, Fut>(what: &'static str, call: F) -> Result<T>
 where
+    T: Send + 'static,
     F: FnOnce(Docker) -> Fut + Send + 'static,
-    Fut: Future<Output = std::result::Result<(), testcontainers::bollard::errors::Error>> + Send,
+    Fut: Future<Output = std::result::Result<T, testcontainers::bollard::errors::Error>> + Send,
 {
     DOCKER
         .spawn(async move {
@@ -403,6 +458,37 @@ where
         })
         .await
         .map_err(|e| Error::Broker(format!("{what}: {e}")))?
+}
+
+/// Runs `iptables ARGS` in the network namespace of the process `pid` (a node's
+/// container): the host's own `iptables`, entered with `nsenter`, so the image needs
+/// neither the tool nor a capability. Needs root, as Docker itself does.
+async fn iptables_in(pid: i64, args: Vec<String>) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new("nsenter")
+            .arg("--target")
+            .arg(pid.to_string())
+            .arg("--net")
+            .arg("iptables")
+            .args(&args)
+            .output()
+            .map_err(|e| {
+                Error::Broker(format!(
+                    "nsenter iptables: {e} (needs util-linux and iptables)"
+                ))
+            })?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(Error::Broker(format!(
+                "iptables {} in the netns of {pid}: {} (cutting a node off its peers needs root)",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            )))
+        }
+    })
+    .await
+    .map_err(|e| Error::Broker(format!("iptables: {e}")))?
 }
 
 /// The partition of `__transaction_state` or `__consumer_offsets` whose leader
