@@ -479,6 +479,13 @@ async fn the_fault_matrix() -> Result<(), Box<dyn std::error::Error>> {
         dead_lettered, refused,
         "dead letters and refused records differ"
     );
+    eprintln!(
+        "matrix: exact: {} input records written, {} distinct events output once each, \
+         {} refused records dead-lettered once each",
+        written.len(),
+        inputs.len(),
+        dead_lettered.len()
+    );
     Ok(())
 }
 
