@@ -129,6 +129,9 @@ pub struct EngineConfig {
     pub max_attempts: u32,
     /// …within at most this long (default 10 s); then it is handled per `on_error`.
     pub max_retry_time: Duration,
+    /// The topic [`crate::Context::effect`] writes effect intents to, in the batch's
+    /// transaction; `None` (the default): effects are off. See [`crate::effects`].
+    pub effects_topic: Option<String>,
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -162,6 +165,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("dead_letter_topic", &self.dead_letter_topic)
             .field("max_attempts", &self.max_attempts)
             .field("max_retry_time", &self.max_retry_time)
+            .field("effects_topic", &self.effects_topic)
             .finish()
     }
 }
@@ -202,6 +206,7 @@ impl EngineConfig {
             dead_letter_topic: None,
             max_attempts: 5,
             max_retry_time: Duration::from_secs(10),
+            effects_topic: None,
         }
     }
 
@@ -261,6 +266,20 @@ impl EngineConfig {
     pub fn retries(mut self, max_attempts: u32, max_retry_time: Duration) -> Self {
         self.max_attempts = max_attempts;
         self.max_retry_time = max_retry_time;
+        self
+    }
+
+    /// Lets the processor record side effects ([`crate::Context::effect`]) on
+    /// `<group>-effects`, created at start like the changelog; an executor applies them
+    /// ([`crate::effects`]).
+    pub fn with_effects(mut self) -> Self {
+        self.effects_topic = Some(format!("{}-effects", self.group));
+        self
+    }
+
+    /// [`EngineConfig::with_effects`] on a topic of another name.
+    pub fn effects_topic(mut self, topic: impl Into<String>) -> Self {
+        self.effects_topic = Some(topic.into());
         self
     }
 

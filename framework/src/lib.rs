@@ -23,6 +23,7 @@
 mod bench;
 mod config;
 mod dlq;
+pub mod effects;
 mod engine;
 mod error;
 mod event;

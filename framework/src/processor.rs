@@ -69,6 +69,15 @@ pub trait Processor: Send + 'static {
     /// context is kept. After a panic the same processor value goes on with the next
     /// event, so keep what must survive in [`Context::state`], not in `self`.
     async fn process(&mut self, input: Self::Input, ctx: &mut Context<'_>) -> Result<()>;
+
+    /// Called when the instance was given `partitions`, after their state was restored
+    /// and before any of their records is processed. A processor that keeps something
+    /// per partition outside [`Context::state`] (a cache of another topic, say) must
+    /// take it as stale here: while the partition was elsewhere, another instance may
+    /// have changed what it stands for. The default does nothing.
+    fn partitions_assigned(&mut self, partitions: &[i32]) {
+        let _ = partitions;
+    }
 }
 
 /// Where an input record came from.
@@ -92,8 +101,11 @@ pub struct RecordMeta {
 #[derive(Debug, Clone)]
 pub(crate) struct Output {
     pub(crate) topic: String,
+    /// `None`: the partitioner picks one from the key.
+    pub(crate) partition: Option<i32>,
     pub(crate) key: Option<Vec<u8>>,
-    pub(crate) value: Vec<u8>,
+    /// `None`: a tombstone (on a compacted topic, the key's removal).
+    pub(crate) value: Option<Vec<u8>>,
     pub(crate) headers: Vec<(String, Option<Vec<u8>>)>,
     pub(crate) timestamp_ms: Option<i64>,
 }
@@ -106,7 +118,7 @@ impl Output {
             .iter()
             .map(|(name, value)| name.len() + value.as_ref().map_or(0, Vec::len))
             .sum();
-        self.key.as_ref().map_or(0, Vec::len) + self.value.len() + headers
+        self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len) + headers
     }
 }
 
@@ -124,8 +136,9 @@ impl Output {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct OutputRecord {
+    partition: Option<i32>,
     key: Option<Vec<u8>>,
-    value: Vec<u8>,
+    value: Option<Vec<u8>>,
     headers: Vec<(String, Option<Vec<u8>>)>,
     timestamp_ms: Option<i64>,
 }
@@ -143,9 +156,20 @@ impl OutputRecord {
     /// A record whose value is these bytes.
     pub fn bytes(value: impl Into<Vec<u8>>) -> Self {
         OutputRecord {
-            value: value.into(),
+            value: Some(value.into()),
             ..OutputRecord::default()
         }
+    }
+
+    /// A record with no value: on a compacted topic, the removal of its key.
+    pub fn tombstone() -> Self {
+        OutputRecord::default()
+    }
+
+    /// Sends it to partition `partition` instead of the one its key hashes to.
+    pub fn partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
     }
 
     /// Sets the key (the partitioner hashes it: equal keys keep their order).
@@ -189,6 +213,12 @@ pub struct Context<'a> {
     pub(crate) declared_outputs: &'a BTreeSet<String>,
     /// Declared output names renamed by the configuration → their topics.
     pub(crate) renamed_outputs: &'a BTreeMap<String, String>,
+    /// Where [`Context::effect`] writes, `None` when effects are off.
+    pub(crate) effects_topic: Option<&'a str>,
+    /// The operator (its group), the first part of every idempotency key.
+    pub(crate) operator: &'a str,
+    /// Effects this attempt at the record recorded so far: the next one's index.
+    pub(crate) effects_recorded: u32,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -264,7 +294,7 @@ impl Context<'_> {
             topic,
             OutputRecord {
                 key,
-                value,
+                value: Some(value),
                 ..OutputRecord::default()
             },
         )
@@ -292,10 +322,70 @@ impl Context<'_> {
         }
         self.outputs.push(Output {
             topic: topic.to_owned(),
+            partition: record.partition,
             key: record.key,
             value: record.value,
             headers: record.headers,
             timestamp_ms: record.timestamp_ms,
+        });
+        Ok(())
+    }
+
+    /// Records a side effect for an executor to apply after the batch commits, never in
+    /// the handler itself: an *intent* (`kind`, `key`, `payload` as JSON) written to the
+    /// operator's effects topic in the batch's transaction, with the outputs, state and
+    /// offsets, so it exists exactly once however often the record is processed. `key`
+    /// keeps order: effects of one key are applied in the order recorded. Each intent
+    /// gets an idempotency key from the operator, the event's ID (or its input position)
+    /// and the effect's index within the record, the same in every attempt; the
+    /// executor hands it to the outside system. Needs
+    /// [`crate::EngineConfig::with_effects`]; see [`crate::effects`] for the guarantee.
+    ///
+    /// ```
+    /// # fn f(ctx: &mut onceflow::Context<'_>) -> onceflow::Result<()> {
+    /// ctx.effect("charge", "card-17", &serde_json::json!({"cents": 1250}))
+    /// # }
+    /// ```
+    pub fn effect<V: Serialize + ?Sized>(
+        &mut self,
+        kind: &str,
+        key: &str,
+        payload: &V,
+    ) -> Result<()> {
+        let Some(topic) = self.effects_topic else {
+            return Err(Error::Config {
+                key: "effects_topic".into(),
+                value: "(effects off)".into(),
+                accepted: "an effects topic: EngineConfig::with_effects() (or effects_topic) \
+                           before a handler records an effect"
+                    .into(),
+            });
+        };
+        let index = self.effects_recorded;
+        let idempotency_key = crate::effects::idempotency_key(self.operator, self.meta, index);
+        let intent =
+            crate::effects::Intent::recorded(self.operator, kind, key, &idempotency_key, payload)?;
+        let value = Json.encode(&intent).map_err(|message| Error::Encode {
+            what: format!("an effect intent for `{topic}`"),
+            message,
+        })?;
+        self.effects_recorded += 1;
+        self.outputs.push(Output {
+            topic: topic.to_owned(),
+            partition: None,
+            key: Some(key.as_bytes().to_vec()),
+            value: Some(value),
+            headers: vec![
+                (
+                    crate::effects::KIND_HEADER.to_owned(),
+                    Some(kind.as_bytes().to_vec()),
+                ),
+                (
+                    crate::effects::IDEMPOTENCY_KEY_HEADER.to_owned(),
+                    Some(idempotency_key.into_bytes()),
+                ),
+            ],
+            timestamp_ms: None,
         });
         Ok(())
     }

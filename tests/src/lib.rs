@@ -82,6 +82,7 @@ pub fn set_of<'a>(lists: impl IntoIterator<Item = &'a [String]>) -> BTreeSet<Str
 }
 
 pub mod child;
+pub mod effects;
 pub mod poison;
 pub mod sum;
 

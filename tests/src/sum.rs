@@ -45,6 +45,7 @@ pub struct Summed {
 #[derive(Debug)]
 pub struct Sum {
     output: String,
+    charging: bool,
 }
 
 impl Sum {
@@ -52,6 +53,16 @@ impl Sum {
     pub fn new(output: impl Into<String>) -> Self {
         Sum {
             output: output.into(),
+            charging: false,
+        }
+    }
+
+    /// The same, also recording a `charge` effect of each amount for its key (needs
+    /// effects on in the configuration).
+    pub fn charging(output: impl Into<String>) -> Self {
+        Sum {
+            charging: true,
+            ..Sum::new(output)
         }
     }
 }
@@ -74,12 +85,20 @@ impl Processor for Sum {
         let sum = ctx.state().get::<i64>(&input.key)?.unwrap_or(0) + input.amount;
         ctx.state().put(&input.key, &sum)?;
         let output = Summed {
-            id: input.id,
+            id: input.id.clone(),
             key: input.key.clone(),
             amount: input.amount,
             sum,
         };
-        ctx.emit(&self.output, &input.key, &output)
+        ctx.emit(&self.output, &input.key, &output)?;
+        if self.charging {
+            ctx.effect(
+                "charge",
+                &input.key,
+                &serde_json::json!({"id": input.id, "amount": input.amount}),
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -201,9 +201,9 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                 self.producer
                     .send(Outgoing {
                         topic: &output.topic,
-                        partition: None,
+                        partition: output.partition,
                         key: output.key.as_deref(),
-                        value: Some(&output.value),
+                        value: output.value.as_deref(),
                         headers: &headers,
                         timestamp_ms: output.timestamp_ms,
                     })

@@ -324,10 +324,12 @@ impl Engine {
                         }
                     };
                 }
-                if let Err(error) =
-                    follow_rebalances(&resync, &consumer, &mut owned, &mut polled).await
-                {
-                    break Err(error);
+                match follow_rebalances(&resync, &consumer, &mut owned, &mut polled).await {
+                    Ok(assigned) if !assigned.is_empty() => {
+                        processor.partitions_assigned(&assigned);
+                    }
+                    Ok(_) => {}
+                    Err(error) => break Err(error),
                 }
                 self.stats.set_phase(Phase::Running);
                 if polled.records.is_empty() {
@@ -456,18 +458,21 @@ impl Engine {
 
 /// Acts on the rebalances `polled` reports, in order, and on those served while catching
 /// up: a revoked partition is forgotten with its records; an assigned one is caught up
-/// with the group's committed offsets before any of its records is processed.
+/// with the group's committed offsets before any of its records is processed. Returns the
+/// partitions assigned (and still owned).
 async fn follow_rebalances<C: Source, R: Restore, N>(
     resync: &Resync<'_, R, N>,
     consumer: &C,
     owned: &mut BTreeSet<i32>,
     polled: &mut Polled,
-) -> Result<()> {
+) -> Result<Vec<i32>> {
+    let mut assigned = BTreeSet::new();
     let mut events: VecDeque<Rebalanced> = std::mem::take(&mut polled.rebalances).into();
     while let Some(event) = events.pop_front() {
         match event {
             Rebalanced::Revoked(partitions) => {
                 owned.retain(|p| !partitions.contains(p));
+                assigned.retain(|p| !partitions.contains(p));
                 polled
                     .records
                     .retain(|r| !partitions.contains(&r.partition));
@@ -476,6 +481,7 @@ async fn follow_rebalances<C: Source, R: Restore, N>(
                 Stats::add(&resync.stats.assignments, 1);
                 resync.stats.set_phase(Phase::Replaying);
                 resync.catch_up(consumer, &partitions).await?;
+                assigned.extend(partitions.iter().copied());
                 owned.extend(partitions);
                 let held = resync.take_held();
                 polled.records.extend(held.records);
@@ -483,5 +489,5 @@ async fn follow_rebalances<C: Source, R: Restore, N>(
             }
         }
     }
-    Ok(())
+    Ok(assigned.into_iter().collect())
 }

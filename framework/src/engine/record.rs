@@ -259,6 +259,9 @@ impl Rules<'_> {
                 outputs: &mut outputs,
                 declared_outputs: self.declared,
                 renamed_outputs: &self.config.renamed_outputs,
+                effects_topic: self.config.effects_topic.as_deref(),
+                operator: &self.config.group,
+                effects_recorded: 0,
             };
             let call = AssertUnwindSafe(processor.process(this_input, &mut ctx))
                 .catch_unwind()

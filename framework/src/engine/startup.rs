@@ -94,6 +94,17 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
         }
         warn_if_not_durable(options, &dead_letters, OWN_TOPIC_FIX).await?;
     }
+    if let Some(effects) = &config.effects_topic {
+        // Keyed like the input, so an executor keeps each key's effects in order; as many
+        // partitions, so it scales as far as the processor does.
+        if kafka::partition_count(options, effects, METADATA_TIMEOUT)
+            .await?
+            .is_none()
+        {
+            create(options, effects, partitions, &dead_letter_configs).await?;
+        }
+        warn_if_not_durable(options, effects, OWN_TOPIC_FIX).await?;
+    }
     Ok(partitions)
 }
 
@@ -175,6 +186,7 @@ pub(crate) async fn output_limits(
     if config.on_error == ErrorPolicy::DeadLetter {
         written.push(config.dead_letter_topic());
     }
+    written.extend(config.effects_topic.clone());
     for topic in &written {
         let broker_limit =
             kafka::topic_config(options, topic, "max.message.bytes", METADATA_TIMEOUT)

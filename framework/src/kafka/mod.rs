@@ -119,7 +119,7 @@ impl ClientOptions {
 
     /// A librdkafka configuration with the bootstrap servers, the pass-through
     /// properties, and then `overrides` (which win).
-    fn config(&self, overrides: &[(&str, &str)]) -> ClientConfig {
+    pub(crate) fn config(&self, overrides: &[(&str, &str)]) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.bootstrap_servers);
         // librdkafka logs through its own callback; keep it to errors unless asked.
