@@ -266,3 +266,63 @@ pub async fn wait_for_caught_up(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Why outputs are missing, for a test that waited in vain: which events have no
+/// committed output, whether their outputs were written but are not (or not yet)
+/// committed (an open transaction holding the last stable offset back), and the group's
+/// committed offsets against the input's ends (offsets past an event without its output
+/// would be a loss; offsets short of it, an instance that stopped making progress).
+pub async fn explain_missing(
+    kafka: &Kafka,
+    group: &str,
+    input: &str,
+    output: &str,
+    events: &[Amount],
+) -> String {
+    let committed: BTreeSet<String> = match committed_outputs(kafka, output).await {
+        Ok(outputs) => outputs.into_iter().filter_map(|o| o.id).collect(),
+        Err(error) => return format!("(could not read the outputs: {error})"),
+    };
+    let missing: Vec<&str> = events
+        .iter()
+        .filter(|e| e.amount >= 0)
+        .filter_map(|e| e.id.as_deref())
+        .filter(|id| !committed.contains(*id))
+        .collect();
+    let written: BTreeMap<String, (i32, i64)> = kafka
+        .read_to_end(output, Isolation::ReadUncommitted)
+        .await
+        .map(|records| {
+            records
+                .iter()
+                .filter_map(|r| {
+                    let summed: Summed = serde_json::from_slice(r.value.as_deref()?).ok()?;
+                    Some((summed.id?, (r.partition, r.offset)))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let uncommitted: Vec<(&str, (i32, i64))> = missing
+        .iter()
+        .filter_map(|id| written.get(*id).map(|at| (*id, *at)))
+        .take(10)
+        .collect();
+    let ends: BTreeMap<i32, i64> = kafka
+        .read_to_end(input, Isolation::ReadUncommitted)
+        .await
+        .map(|records| {
+            records
+                .iter()
+                .map(|r| (r.partition, r.offset + 1))
+                .collect()
+        })
+        .unwrap_or_default();
+    let offsets = kafka.committed_offsets(group, input).await;
+    format!(
+        "{} events without a committed output (first: {:?}); of those written but not \
+         committed (partition, offset): {uncommitted:?}; the group's committed offsets \
+         {offsets:?}, the input's ends {ends:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    )
+}

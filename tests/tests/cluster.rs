@@ -79,7 +79,10 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     let _alone = ONE_AT_A_TIME.lock().await;
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "onceflow=warn".into()),
+        )
         .try_init();
     let cluster: &'static Cluster = onceflow::testkit::cluster().await;
     eprintln!("three-node cluster started in {:?}", cluster.started_in);
@@ -127,11 +130,20 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
         cluster.heal().await?;
         panic!("the instance stopped during the faults: {stopped:?}");
     }
-    let done = async {
-        sum::wait_for_outputs(op.kafka, &op.output, events.len(), WITHIN).await?;
-        sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await
+    let deadline = Instant::now() + WITHIN;
+    outputs_reach(&op, events.len(), deadline, &running).await;
+    let visible = sum::committed_outputs(op.kafka, &op.output).await?.len();
+    if visible < events.len() {
+        // Say where they are before anything stops: stuck, uncommitted, or lost.
+        let why = sum::explain_missing(op.kafka, &op.group, &op.input, &op.output, &events).await;
+        panic!(
+            "only {visible} of {} outputs after {WITHIN:?}: {why}; the instance ({:?}): {:?}",
+            events.len(),
+            stats.phase(),
+            stats.snapshot()
+        );
     }
-    .await;
+    let done = sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await;
     shutdown.trigger();
     let stopped = running.await?;
     cluster.heal().await?;
@@ -419,11 +431,18 @@ async fn the_fault_matrix() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     feeder.await??;
-    let done = async {
-        sum::wait_for_outputs(op.kafka, &op.output, good, WITHIN).await?;
-        sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await
+    let deadline = Instant::now() + WITHIN;
+    while sum::committed_outputs(op.kafka, &op.output).await?.len() < good
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    .await;
+    let visible = sum::committed_outputs(op.kafka, &op.output).await?.len();
+    if visible < good {
+        let why = sum::explain_missing(op.kafka, &op.group, &op.input, &op.output, &events).await;
+        panic!("only {visible} of {good} outputs after {WITHIN:?}: {why}");
+    }
+    let done = sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await;
     // Both alive to the end: a graceful stop of each succeeds.
     for instance in running.into_iter().flatten() {
         instance.stop(WITHIN);
