@@ -554,80 +554,24 @@ impl PendingMarkers {
     }
 }
 
-/// The keys of `partition` whose last record is a marker, reading to the high
-/// watermark under `read_committed` (waiting at most `wait` for an open transaction).
+/// The keys of `partition` whose last record is a marker, not a tombstone.
 fn read_markers(
     options: &ClientOptions,
     topic: &str,
     partition: i32,
     wait: Duration,
 ) -> Result<BTreeSet<String>> {
-    use rdkafka::Message;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let operation = format!("read the pending effects `{topic}` [{partition}]");
-    let reader = |isolation: &str| -> Result<BaseConsumer> {
-        options
-            .config(&[
-                ("group.id", "onceflow-pending-reader"),
-                ("enable.auto.commit", "false"),
-                ("enable.partition.eof", "true"),
-                ("isolation.level", isolation),
-                ("auto.offset.reset", "earliest"),
-            ])
-            .create()
-            .map_err(|e| kafka::known_topic_error(operation.as_str(), e))
-    };
-    let meter = reader("read_uncommitted")?;
-    let (low, high) = meter
-        .fetch_watermarks(topic, partition, TIMEOUT)
-        .map_err(|e| kafka::known_topic_error(operation.as_str(), e))?;
     let mut keys = BTreeSet::new();
-    if high <= low {
-        return Ok(keys);
-    }
-    let consumer = reader("read_committed")?;
-    let mut assignment = rdkafka::TopicPartitionList::new();
-    assignment
-        .add_partition_offset(topic, partition, rdkafka::Offset::Beginning)
-        .map_err(|e| kafka::known_topic_error(operation.as_str(), e))?;
-    consumer
-        .assign(&assignment)
-        .map_err(|e| kafka::known_topic_error(operation.as_str(), e))?;
-    let deadline = Instant::now() + wait;
-    loop {
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(message)) => {
-                let key = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
-                if message.payload().is_some() {
-                    keys.insert(key);
-                } else {
-                    keys.remove(&key);
-                }
-                continue;
-            }
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) | None => {}
-            Some(Err(error)) => {
-                let error = kafka::known_topic_error(operation.as_str(), error);
-                if !error.is_retriable() {
-                    return Err(error);
-                }
-            }
+    kafka::read_partition_to_end(options, topic, partition, wait, |record| {
+        let key = String::from_utf8_lossy(record.key.as_deref().unwrap_or_default()).into_owned();
+        if record.value.is_some() {
+            keys.insert(key);
+        } else {
+            keys.remove(&key);
         }
-        let position = consumer.position().ok().and_then(|list| {
-            list.find_partition(topic, partition)
-                .and_then(|p| p.offset().to_raw())
-        });
-        if position.is_some_and(|at| at >= high) {
-            return Ok(keys);
-        }
-        if Instant::now() >= deadline {
-            return Err(Error::Timeout {
-                what: operation,
-                after: wait,
-                detail: format!("at {position:?} of {high} (an open transaction on it?)"),
-            });
-        }
-    }
+        Ok(())
+    })?;
+    Ok(keys)
 }
 
 #[cfg(test)]

@@ -196,6 +196,9 @@ pub enum Error {
     /// The test broker could not be started or reached (feature `testkit`).
     #[error("{0}")]
     Broker(String),
+    /// The outbox's database refused or failed a statement (feature `outbox`).
+    #[error("outbox: {0}")]
+    Outbox(String),
     /// A blocking call's thread panicked or was cancelled.
     #[error("blocking call `{operation}` did not complete: {message}")]
     Blocking {

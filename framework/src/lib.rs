@@ -11,6 +11,11 @@
 //! - [`Engine`]: runs one instance of an operator from an [`EngineConfig`];
 //! - [`Error`], the one error type, which tells its caller whether a failure is worth
 //!   retrying, needs the open transaction aborted, or is fatal;
+//! - [`effects`]: side effects (a payment API, a database) exactly once, recorded as
+//!   intents in the batch's transaction and applied by an executor with idempotency keys
+//!   and check-back;
+//! - `outbox` (feature `outbox`): a service's PostgreSQL rows and its Kafka messages in
+//!   one database transaction, published once by a relay;
 //! - [`testkit`] (feature `testkit`): a real Apache Kafka broker for tests, started with
 //!   testcontainers, and helpers to create topics, produce, read a topic to its end under
 //!   `read_committed` or `read_uncommitted`, and read a group's committed offsets.
@@ -28,6 +33,8 @@ mod engine;
 mod error;
 mod event;
 mod kafka;
+#[cfg(feature = "outbox")]
+pub mod outbox;
 mod processor;
 mod redact;
 #[cfg(feature = "runner")]

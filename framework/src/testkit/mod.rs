@@ -28,6 +28,7 @@
 mod broker;
 mod cluster;
 mod pki;
+mod postgres;
 mod secure;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ pub use crate::kafka::{Isolation, OutgoingRecord, Record};
 pub use broker::{KAFKA_VERSION, LOCAL_IMAGE, OFFICIAL_IMAGE, kafka};
 pub use cluster::{Cluster, cluster};
 pub use pki::{CLIENT_COMMON_NAME, CertifiedKeyPem, TestPki};
+pub use postgres::{Postgres, postgres};
 pub use secure::{ALLOWED_PREFIX, LOCKED_PREFIX, SecureKafka, TestUser, secure_kafka};
 
 /// How long helpers wait for the broker before they fail with what they saw.
