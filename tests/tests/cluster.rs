@@ -136,8 +136,14 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     if visible < events.len() {
         // Say where they are before anything stops: stuck, uncommitted, or lost.
         let why = sum::explain_missing(op.kafka, &op.group, &op.input, &op.output, &events).await;
+        let outcome = if running.is_finished() {
+            format!("stopped with {:?}", running.await?)
+        } else {
+            "still running".to_owned()
+        };
         panic!(
-            "only {visible} of {} outputs after {WITHIN:?}: {why}; the instance ({:?}): {:?}",
+            "only {visible} of {} outputs after {WITHIN:?}: {why}; the instance ({:?}, \
+             {outcome}): {:?}",
             events.len(),
             stats.phase(),
             stats.snapshot()
