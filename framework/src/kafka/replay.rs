@@ -255,6 +255,79 @@ pub(crate) fn read_partition(
     }
 }
 
+/// Reads partition `partition` of `topic`, a topic onceflow owns, from its start to its
+/// high watermark as of now under `read_committed`, handing each record to `each`: the
+/// whole committed history, including what comes after a transaction that was open
+/// when the read began (it waits for it, at most `wait`). Blocking.
+pub(crate) fn read_partition_to_end(
+    options: &ClientOptions,
+    topic: &str,
+    partition: i32,
+    wait: Duration,
+    mut each: impl FnMut(Record) -> Result<()>,
+) -> Result<()> {
+    let operation = format!("read `{topic}` [{partition}] to its end");
+    let reader = |isolation: &str| -> Result<BaseConsumer> {
+        options
+            .config(&[
+                ("group.id", "onceflow-reader"),
+                ("enable.auto.commit", "false"),
+                ("enable.partition.eof", "true"),
+                ("fetch.wait.max.ms", "10"),
+                ("isolation.level", isolation),
+                ("auto.offset.reset", "earliest"),
+            ])
+            .create()
+            .map_err(|e| known_topic_error(operation.as_str(), e))
+    };
+    // The high watermark: a read_committed consumer's watermark is the last stable offset.
+    let (low, high) = reader("read_uncommitted")?
+        .fetch_watermarks(topic, partition, wait)
+        .map_err(|e| known_topic_error(operation.as_str(), e))?;
+    if high <= low {
+        return Ok(());
+    }
+    let consumer = reader("read_committed")?;
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, partition, Offset::Beginning)
+        .map_err(|e| known_topic_error(operation.as_str(), e))?;
+    consumer
+        .assign(&assignment)
+        .map_err(|e| known_topic_error(operation.as_str(), e))?;
+    let deadline = Instant::now() + wait;
+    loop {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(message)) => {
+                each(to_record(&message))?;
+                continue;
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+            Some(Err(error)) => {
+                let error = known_topic_error(operation.as_str(), error);
+                if !error.is_retriable() {
+                    return Err(error);
+                }
+            }
+        }
+        // Past the last record there may be transaction markers: the position tells.
+        let at = consumer.position().ok().and_then(|list| {
+            list.find_partition(topic, partition)
+                .and_then(|p| p.offset().to_raw())
+        });
+        if at.is_some_and(|at| at >= high) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: operation,
+                after: wait,
+                detail: format!("at {at:?} of {high} (an open transaction on it?)"),
+            });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rdkafka::types::RDKafkaErrorCode;
