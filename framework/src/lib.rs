@@ -14,6 +14,8 @@
 //! - [`effects`]: side effects (a payment API, a database) exactly once, recorded as
 //!   intents in the batch's transaction and applied by an executor with idempotency keys
 //!   and check-back;
+//! - [`half`]: half messages for a service — published if and only if its local
+//!   transaction committed, with a check-back when the sender died in between;
 //! - `outbox` (feature `outbox`): a service's PostgreSQL rows and its Kafka messages in
 //!   one database transaction, published once by a relay;
 //! - [`testkit`] (feature `testkit`): a real Apache Kafka broker for tests, started with
@@ -32,6 +34,7 @@ pub mod effects;
 mod engine;
 mod error;
 mod event;
+pub mod half;
 mod kafka;
 #[cfg(feature = "outbox")]
 pub mod outbox;

@@ -1,0 +1,595 @@
+//! Half messages for a service that is not a stream processor (RocketMQ's transactional
+//! messages, on Kafka): send a message, run the local transaction, and the message is
+//! published if and only if the local transaction committed — even when the sender dies
+//! in between, because a *check-back* asks the service what happened.
+//!
+//! ```no_run
+//! # async fn f(sender: onceflow::half::TransactionalSender) -> onceflow::Result<()> {
+//! use onceflow::half::{Decision, HalfMessage};
+//! let message = HalfMessage::json("o-17", "orders", "c-3", &serde_json::json!({"total": 42}))?;
+//! let resolved = sender.send(message, |half| async move {
+//!     // the local transaction: insert the order `half.id`, commit or roll back
+//!     Decision::Commit
+//! }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # How, and the guarantee
+//!
+//! 1. The half message is written to `<name>-half` (a compacted topic, keyed by the
+//!    message ID, the target topic and key in headers) and acknowledged by every in-sync
+//!    replica **before** the local transaction runs. Consumers of the target topic never
+//!    see it there.
+//! 2. The local transaction runs and decides: [`Decision::Commit`] publishes the message
+//!    to its topic **and** removes the half (a tombstone) in one Kafka transaction;
+//!    [`Decision::Rollback`] removes the half; [`Decision::Unknown`] leaves it for the
+//!    check-back.
+//! 3. A checker ([`check_back`], run by any instance of the service, a consumer group
+//!    of its own) keeps the halves that are still there; one older than
+//!    [`HalfConfig::check_after`] is handed to the service's [`CheckBack::check`] (did the
+//!    local transaction of `id` commit?), which resolves it the same way. A check that
+//!    stays [`Decision::Unknown`] past its [`crate::effects::Bounds`] sends the half to
+//!    `<name>-half-dlq` with the reason, an ERROR log and
+//!    `onceflow_half_unresolved_total`: never dropped, never checked forever (RocketMQ
+//!    drops after 15 checks).
+//!
+//! So a message whose local transaction committed is published, one whose local
+//! transaction rolled back never is. Published messages carry `onceflow-event-id:
+//! half:<id>`: a check-back that races a slow sender may publish a second copy, which
+//! every onceflow processor downstream skips as a duplicate; `read_committed` readers
+//! that are not onceflow processors may see both then. The check-back must answer from
+//! the local transaction's own durable state (a row keyed by the message ID), and a
+//! sender should finish well within `check_after`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::Message as _;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use serde::Serialize;
+
+use crate::effects::Bounds;
+use crate::kafka::{self, ClientOptions};
+use crate::{Error, Result};
+
+/// Header of a half message: the topic it is for.
+pub const TOPIC_HEADER: &str = "onceflow-half-topic";
+/// Header of a half message: the key it will have (absent: none).
+pub const KEY_HEADER: &str = "onceflow-half-key";
+/// Header of a published message: its event ID, `half:<id>` (the engine's default
+/// event-ID header, so onceflow processors deduplicate by it).
+pub const EVENT_ID_HEADER: &str = "onceflow-event-id";
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A message to send once its local transaction commits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HalfMessage {
+    /// The message ID: the key the check-back is asked about (an order ID, say), and
+    /// the published message's event ID (`half:<id>`).
+    pub id: String,
+    /// The topic it is published to.
+    pub topic: String,
+    /// Its record key.
+    pub key: Option<Vec<u8>>,
+    /// Its value.
+    pub payload: Vec<u8>,
+}
+
+impl HalfMessage {
+    /// A message `id` of `value` as JSON for `topic`, keyed `key`.
+    pub fn json<V: Serialize + ?Sized>(
+        id: &str,
+        topic: &str,
+        key: &str,
+        value: &V,
+    ) -> Result<HalfMessage> {
+        let payload = serde_json::to_vec(value).map_err(|e| Error::Encode {
+            what: format!("half message {id}"),
+            message: e.to_string(),
+        })?;
+        Ok(HalfMessage {
+            id: id.to_owned(),
+            topic: topic.to_owned(),
+            key: Some(key.as_bytes().to_vec()),
+            payload,
+        })
+    }
+}
+
+/// What the local transaction (or a check-back) decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// It committed: publish the message.
+    Commit,
+    /// It rolled back: never publish.
+    Rollback,
+    /// Not known (yet): left for the check-back.
+    Unknown(String),
+}
+
+/// How a send ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// Published.
+    Committed,
+    /// Removed unpublished.
+    RolledBack,
+    /// Left for the check-back, with the reason.
+    Pending(String),
+}
+
+/// The service's answer to "did the local transaction of this message commit?".
+#[crate::async_trait]
+pub trait CheckBack: Send + 'static {
+    /// Looks the message's local transaction up (by `half.id`) in its own durable state.
+    async fn check(&mut self, half: &HalfMessage) -> Decision;
+}
+
+/// Where half messages live.
+#[derive(Debug, Clone)]
+pub struct HalfConfig {
+    /// `host:port,…` of the Kafka cluster.
+    pub bootstrap_servers: String,
+    /// Other librdkafka properties (security), for every client.
+    pub kafka_properties: Vec<(String, String)>,
+    /// The service's name: `<name>-half`, `<name>-half-dlq`, the checker's group.
+    pub name: String,
+    /// How old a half must be before it is checked back (default 10 s).
+    pub check_after: Duration,
+    /// How long a check may stay unknown (default 20 tries or 5 minutes).
+    pub bounds: Bounds,
+    /// Partitions of the half topic when it is created (default 3).
+    pub partitions: i32,
+}
+
+impl HalfConfig {
+    /// Half messages of service `name` on the cluster at `bootstrap_servers`.
+    pub fn new(bootstrap_servers: impl Into<String>, name: impl Into<String>) -> Self {
+        HalfConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            kafka_properties: Vec::new(),
+            name: name.into(),
+            check_after: Duration::from_secs(10),
+            bounds: Bounds {
+                tries: 20,
+                within: Duration::from_secs(300),
+            },
+            partitions: 3,
+        }
+    }
+
+    /// The topic of the halves.
+    pub fn half_topic(&self) -> String {
+        format!("{}-half", self.name)
+    }
+
+    /// The topic of the halves that no check resolved.
+    pub fn dead_letter_topic(&self) -> String {
+        format!("{}-half-dlq", self.name)
+    }
+
+    fn options(&self) -> ClientOptions {
+        ClientOptions::with_properties(&self.bootstrap_servers, &self.kafka_properties)
+    }
+}
+
+/// Creates the half and dead-letter topics when they do not exist.
+async fn prepare(config: &HalfConfig) -> Result<ClientOptions> {
+    let options = config.options();
+    for (topic, configs) in [
+        (config.half_topic(), vec![("cleanup.policy", "compact")]),
+        (config.dead_letter_topic(), Vec::new()),
+    ] {
+        if kafka::partition_count(&options, &topic, TIMEOUT)
+            .await?
+            .is_none()
+        {
+            match kafka::create_topic(&options, &topic, config.partitions, &configs, TIMEOUT).await
+            {
+                Err(error)
+                    if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {}
+                other => other?,
+            }
+        }
+    }
+    Ok(options)
+}
+
+/// Publishes a half (with its removal) in one Kafka transaction, or removes it.
+struct Resolver {
+    plain: FutureProducer,
+    transactional: tokio::sync::Mutex<FutureProducer>,
+    half_topic: String,
+}
+
+impl Resolver {
+    async fn new(options: &ClientOptions, config: &HalfConfig, role: &str) -> Result<Resolver> {
+        let plain: FutureProducer = options
+            .config(&[
+                ("enable.idempotence", "true"),
+                ("acks", "all"),
+                ("linger.ms", "0"),
+            ])
+            .create()
+            .map_err(|e| kafka::kafka_error("create the half producer", e))?;
+        // Its own transactional ID per process: its transactions are short, and a copy
+        // published twice (a sender and a check-back racing) is a duplicate by event ID.
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let transactional_id = format!(
+            "onceflow-half-{}-{role}-{}-{nanos}",
+            config.name,
+            std::process::id()
+        );
+        let transactional: FutureProducer = options
+            .config(&[
+                ("transactional.id", transactional_id.as_str()),
+                ("transaction.timeout.ms", "10000"),
+            ])
+            .create()
+            .map_err(|e| kafka::kafka_error("create the half publisher", e))?;
+        let init = transactional.clone();
+        kafka::blocking("init_transactions", move || {
+            init.init_transactions(TIMEOUT)
+                .map_err(|e| kafka::kafka_error("init_transactions", e))
+        })
+        .await?;
+        Ok(Resolver {
+            plain,
+            transactional: tokio::sync::Mutex::new(transactional),
+            half_topic: config.half_topic(),
+        })
+    }
+
+    /// Writes the half, acknowledged by every in-sync replica; returns its partition.
+    async fn write(&self, half: &HalfMessage) -> Result<i32> {
+        let mut headers = OwnedHeaders::new().insert(Header {
+            key: TOPIC_HEADER,
+            value: Some(half.topic.as_bytes()),
+        });
+        if let Some(key) = &half.key {
+            headers = headers.insert(Header {
+                key: KEY_HEADER,
+                value: Some(key.as_slice()),
+            });
+        }
+        let record = FutureRecord::to(&self.half_topic)
+            .key(half.id.as_str())
+            .payload(half.payload.as_slice())
+            .headers(headers);
+        let delivered =
+            self.plain.send(record, TIMEOUT).await.map_err(|(e, _)| {
+                kafka::kafka_error(format!("write half message {}", half.id), e)
+            })?;
+        Ok(delivered.partition)
+    }
+
+    /// Removes the half at `partition` unpublished.
+    async fn remove(&self, id: &str, partition: i32) -> Result<()> {
+        let record = FutureRecord::<str, [u8]>::to(&self.half_topic)
+            .key(id)
+            .partition(partition);
+        self.plain
+            .send(record, TIMEOUT)
+            .await
+            .map_err(|(e, _)| kafka::kafka_error(format!("remove half message {id}"), e))?;
+        Ok(())
+    }
+
+    /// Publishes the message and removes the half at `partition`, in one transaction.
+    async fn publish(&self, half: &HalfMessage, partition: i32) -> Result<()> {
+        let producer = self.transactional.lock().await;
+        let begin = producer.clone();
+        kafka::blocking("begin_transaction", move || {
+            begin
+                .begin_transaction()
+                .map_err(|e| kafka::kafka_error("begin_transaction", e))
+        })
+        .await?;
+        let event_id = format!("half:{}", half.id);
+        let headers = OwnedHeaders::new().insert(Header {
+            key: EVENT_ID_HEADER,
+            value: Some(event_id.as_bytes()),
+        });
+        let mut record = FutureRecord::<[u8], [u8]>::to(&half.topic)
+            .payload(half.payload.as_slice())
+            .headers(headers);
+        if let Some(key) = &half.key {
+            record = record.key(key.as_slice());
+        }
+        let sent = async {
+            let published = producer
+                .send_result(record)
+                .map_err(|(e, _)| kafka::kafka_error(format!("publish {}", half.id), e))?;
+            let removal = FutureRecord::<str, [u8]>::to(&self.half_topic)
+                .key(half.id.as_str())
+                .partition(partition);
+            let removed = producer
+                .send_result(removal)
+                .map_err(|(e, _)| kafka::kafka_error(format!("remove half {}", half.id), e))?;
+            for delivery in [published, removed] {
+                match delivery.await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err((e, _))) => return Err(kafka::kafka_error("publish a half", e)),
+                    Err(_) => return Err(Error::Broker("the half publisher went away".into())),
+                }
+            }
+            Ok(())
+        }
+        .await;
+        let finish = producer.clone();
+        kafka::blocking("end the half's transaction", move || {
+            if sent.is_ok() {
+                finish
+                    .commit_transaction(TIMEOUT)
+                    .map_err(|e| kafka::kafka_error("commit_transaction", e))
+            } else {
+                finish
+                    .abort_transaction(TIMEOUT)
+                    .map_err(|e| kafka::kafka_error("abort_transaction", e))
+                    .and(sent)
+            }
+        })
+        .await
+    }
+}
+
+/// Sends half messages; see the [module](self).
+pub struct TransactionalSender {
+    resolver: Resolver,
+}
+
+impl std::fmt::Debug for TransactionalSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalSender")
+            .field("half_topic", &self.resolver.half_topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransactionalSender {
+    /// A sender for service `config.name` (creates its topics when missing).
+    pub async fn new(config: &HalfConfig) -> Result<TransactionalSender> {
+        let options = prepare(config).await?;
+        Ok(TransactionalSender {
+            resolver: Resolver::new(&options, config, "sender").await?,
+        })
+    }
+
+    /// Writes `message` as a half, runs `local` (the local transaction) and resolves the
+    /// half as it decides. A failure after the half was written leaves it to the
+    /// check-back (`Resolved::Pending`), never to chance.
+    pub async fn send<F, Fut>(&self, message: HalfMessage, local: F) -> Result<Resolved>
+    where
+        F: FnOnce(HalfMessage) -> Fut,
+        Fut: Future<Output = Decision>,
+    {
+        let partition = self.resolver.write(&message).await?;
+        let decided = local(message.clone()).await;
+        let resolved = match decided {
+            Decision::Commit => self
+                .resolver
+                .publish(&message, partition)
+                .await
+                .map(|()| Resolved::Committed),
+            Decision::Rollback => self
+                .resolver
+                .remove(&message.id, partition)
+                .await
+                .map(|()| Resolved::RolledBack),
+            Decision::Unknown(why) => Ok(Resolved::Pending(why)),
+        };
+        Ok(resolved.unwrap_or_else(|error| {
+            tracing::warn!(id = %message.id, %error, "resolving a half message failed; the check-back will");
+            Resolved::Pending(error.to_string())
+        }))
+    }
+}
+
+/// What a checker did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckStats {
+    /// Halves checked back (each check counted).
+    pub checks: u64,
+    /// Halves the checks published.
+    pub committed: u64,
+    /// Halves the checks removed.
+    pub rolled_back: u64,
+    /// Halves dead-lettered unresolved.
+    pub unresolved: u64,
+}
+
+/// A half the checker holds: where it is, since when, how often checked.
+struct Held {
+    half: HalfMessage,
+    partition: i32,
+    written_ms: i64,
+    tries: u32,
+    first_check: Option<Instant>,
+}
+
+/// Checks back the halves of service `config.name` until `stop` resolves; see the
+/// [module](self). Run it in any instance of the service (several share the work).
+pub async fn check_back<C: CheckBack>(
+    config: HalfConfig,
+    mut checker: C,
+    stop: impl Future<Output = ()>,
+) -> Result<CheckStats> {
+    let options = prepare(&config).await?;
+    let resolver = Resolver::new(&options, &config, "checker").await?;
+    let half_topic = config.half_topic();
+    let group = format!("onceflow-half-{}-checker", config.name);
+    // No offsets are committed: each assignment reads its partitions from the start
+    // (compacted: what is left is what is unresolved).
+    let consumer: BaseConsumer = options
+        .config(&[
+            ("group.id", group.as_str()),
+            ("enable.auto.commit", "false"),
+            ("auto.offset.reset", "earliest"),
+            ("isolation.level", "read_committed"),
+        ])
+        .create()
+        .map_err(|e| kafka::kafka_error("create the half checker", e))?;
+    consumer
+        .subscribe(&[half_topic.as_str()])
+        .map_err(|e| kafka::kafka_error("subscribe the half checker", e))?;
+    let mut held: BTreeMap<String, Held> = BTreeMap::new();
+    let mut stats = CheckStats::default();
+    let mut stop = std::pin::pin!(stop);
+    let mut last_check = Instant::now();
+    loop {
+        // Take in what arrived: halves, and their removals.
+        while let Some(polled) = consumer.poll(Duration::ZERO) {
+            let Ok(message) = polled else { continue };
+            let id = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
+            match message.payload() {
+                None => {
+                    held.remove(&id);
+                }
+                Some(payload) => {
+                    let header = |name: &str| {
+                        message.headers().and_then(|headers| {
+                            headers
+                                .iter()
+                                .find(|h| h.key == name)
+                                .and_then(|h| h.value.map(<[u8]>::to_vec))
+                        })
+                    };
+                    let topic = header(TOPIC_HEADER)
+                        .map(|t| String::from_utf8_lossy(&t).into_owned())
+                        .unwrap_or_default();
+                    held.insert(
+                        id.clone(),
+                        Held {
+                            half: HalfMessage {
+                                id,
+                                topic,
+                                key: header(KEY_HEADER),
+                                payload: payload.to_vec(),
+                            },
+                            partition: message.partition(),
+                            written_ms: message.timestamp().to_millis().unwrap_or(0),
+                            tries: 0,
+                            first_check: None,
+                        },
+                    );
+                }
+            }
+        }
+        // Forget what moved to another checker.
+        if let Ok(assignment) = consumer.assignment() {
+            let mine: Vec<i32> = assignment
+                .elements()
+                .iter()
+                .map(|e| e.partition())
+                .collect();
+            held.retain(|_, h| mine.contains(&h.partition));
+        }
+        if last_check.elapsed() >= Duration::from_secs(1) {
+            last_check = Instant::now();
+            let now_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            let due: Vec<String> = held
+                .iter()
+                .filter(|(_, h)| now_ms - h.written_ms >= config.check_after.as_millis() as i64)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in due {
+                let Some(entry) = held.get_mut(&id) else {
+                    continue;
+                };
+                stats.checks += 1;
+                entry.tries += 1;
+                let first = *entry.first_check.get_or_insert_with(Instant::now);
+                let resolved = match checker.check(&entry.half).await {
+                    Decision::Commit => resolver
+                        .publish(&entry.half, entry.partition)
+                        .await
+                        .map(|()| stats.committed += 1),
+                    Decision::Rollback => resolver
+                        .remove(&id, entry.partition)
+                        .await
+                        .map(|()| stats.rolled_back += 1),
+                    Decision::Unknown(why)
+                        if entry.tries >= config.bounds.tries
+                            || first.elapsed() >= config.bounds.within =>
+                    {
+                        tracing::error!(%id, tries = entry.tries, %why, "half message unresolved past its bounds; dead-lettered for a person to resolve");
+                        metrics::counter!("onceflow_half_unresolved_total").increment(1);
+                        dead_letter(
+                            &resolver,
+                            &config,
+                            &entry.half,
+                            entry.partition,
+                            entry.tries,
+                            &why,
+                        )
+                        .await
+                        .map(|()| stats.unresolved += 1)
+                    }
+                    Decision::Unknown(why) => {
+                        tracing::warn!(%id, tries = entry.tries, %why, "half message still unknown; asking again later");
+                        continue;
+                    }
+                };
+                match resolved {
+                    // The removal comes back through the consumer; until then it is held
+                    // (checked again only after the next `check_after`).
+                    Ok(()) => {
+                        held.remove(&id);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%id, %error, "resolving a half message failed; trying again")
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            () = &mut stop => return Ok(stats),
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
+/// Writes an unresolved half to the dead-letter topic with the reason, then removes it.
+async fn dead_letter(
+    resolver: &Resolver,
+    config: &HalfConfig,
+    half: &HalfMessage,
+    partition: i32,
+    tries: u32,
+    why: &str,
+) -> Result<()> {
+    let reason = format!("unresolved after {tries} check-backs: {why}");
+    let tries = tries.to_string();
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: TOPIC_HEADER,
+            value: Some(half.topic.as_bytes()),
+        })
+        .insert(Header {
+            key: "onceflow-error-message",
+            value: Some(reason.as_bytes()),
+        })
+        .insert(Header {
+            key: "onceflow-attempts",
+            value: Some(tries.as_bytes()),
+        });
+    let topic = config.dead_letter_topic();
+    let record = FutureRecord::to(&topic)
+        .key(half.id.as_str())
+        .payload(half.payload.as_slice())
+        .headers(headers);
+    resolver
+        .plain
+        .send(record, TIMEOUT)
+        .await
+        .map_err(|(e, _)| kafka::kafka_error("dead-letter a half message", e))?;
+    resolver.remove(&half.id, partition).await
+}
