@@ -165,7 +165,16 @@ pub(super) fn classify_code(code: RDKafkaErrorCode) -> ErrorClass {
         | C::NotEnoughReplicasAfterAppend
         | C::UnknownTopicOrPartition
         | C::NetworkException
-        | C::ConcurrentTransactions => ErrorClass::Retriable,
+        | C::ConcurrentTransactions
+        // A leader just elected, or a replica behind: Kafka's clients retry all of
+        // these. Seen on the cluster: a replay right after a leader was killed read
+        // "Leader high watermark is not caught up" and the instance stopped.
+        | C::OffsetNotAvailable
+        | C::FencedLeaderEpoch
+        | C::UnknownLeaderEpoch
+        | C::KafkaStorageError
+        | C::PreferredLeaderNotAvailable
+        | C::ReplicaNotAvailable => ErrorClass::Retriable,
         _ => ErrorClass::Other,
     }
 }
@@ -234,6 +243,24 @@ mod tests {
             KafkaError::MetadataFetch(RDKafkaErrorCode::MessageSizeTooLarge),
         );
         assert!(!refused.is_retriable(), "{refused:?}");
+    }
+
+    /// Seen on the cluster: a changelog replay right after the leader was killed read
+    /// the high watermark from the new leader and got OffsetNotAvailable ("Leader high
+    /// watermark is not caught up"), taken as final, and the instance stopped.
+    #[test]
+    fn a_new_leaders_moments_are_retriable() {
+        for code in [
+            RDKafkaErrorCode::OffsetNotAvailable,
+            RDKafkaErrorCode::FencedLeaderEpoch,
+            RDKafkaErrorCode::UnknownLeaderEpoch,
+        ] {
+            let error = known_topic_error(
+                "replay `t-txlog` [3]: high watermark",
+                KafkaError::MetadataFetch(code),
+            );
+            assert!(error.is_retriable(), "{error:?}");
+        }
     }
 
     /// A broker restarting makes every client report refused connections: WARN, so
