@@ -33,11 +33,22 @@ impl Instance {
         self.spawn_with_log(Stdio::inherit())
     }
 
-    /// Starts it with its log (standard error, at `RUST_LOG` or `onceflow=warn`) in the
-    /// file `log`, for a test that reads what it said.
+    /// Starts it with its log (standard error, at `RUST_LOG` or `onceflow=warn`) copied
+    /// to the file `log`, for a test that reads what it said; the test's standard error
+    /// gets every line too, so a failing run still shows it.
     pub fn spawn_logging_to(&self, log: &Path) -> Running {
-        let file = std::fs::File::create(log).expect("log file");
-        self.spawn_with_log(file.into())
+        use std::io::{BufRead, Write};
+        let mut file = std::fs::File::create(log).expect("log file");
+        let mut running = self.spawn_with_log(Stdio::piped());
+        let stderr = running.child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                let _ = writeln!(file, "{line}");
+            }
+        });
+        running
     }
 
     fn spawn_with_log(&self, log: Stdio) -> Running {
