@@ -263,21 +263,12 @@ pub async fn executor<E: Effect>(
                 value: config.input_topic.clone(),
                 accepted: "the effects topic, created by the processor's first start".into(),
             })?;
-        if kafka::partition_count(&options, &topic, TIMEOUT)
-            .await?
-            .is_none()
-        {
-            let factor = config.changelog_replication_factor.map(|f| f.to_string());
-            let mut configs = vec![("cleanup.policy", "compact")];
-            if let Some(factor) = &factor {
-                configs.push(("replication.factor", factor.as_str()));
-            }
-            match kafka::create_topic(&options, &topic, partitions, &configs, TIMEOUT).await {
-                Err(error)
-                    if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {}
-                other => other?,
-            }
+        let factor = config.changelog_replication_factor.map(|f| f.to_string());
+        let mut configs = vec![("cleanup.policy", "compact")];
+        if let Some(factor) = &factor {
+            configs.push(("replication.factor", factor.as_str()));
         }
+        kafka::ensure_topic(&options, &topic, partitions, &configs, TIMEOUT).await?;
         config = config.output(topic.clone());
         Some(topic)
     } else {

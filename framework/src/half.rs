@@ -184,17 +184,7 @@ async fn prepare(config: &HalfConfig) -> Result<ClientOptions> {
         (config.half_topic(), vec![("cleanup.policy", "compact")]),
         (config.dead_letter_topic(), Vec::new()),
     ] {
-        if kafka::partition_count(&options, &topic, TIMEOUT)
-            .await?
-            .is_none()
-        {
-            match kafka::create_topic(&options, &topic, config.partitions, &configs, TIMEOUT).await
-            {
-                Err(error)
-                    if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {}
-                other => other?,
-            }
-        }
+        kafka::ensure_topic(&options, &topic, config.partitions, &configs, TIMEOUT).await?;
     }
     Ok(options)
 }

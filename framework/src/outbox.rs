@@ -211,23 +211,14 @@ pub async fn relay(
 ) -> Result<RelayStats> {
     let options = config.options();
     let progress = config.progress_topic();
-    if kafka::partition_count(&options, &progress, TIMEOUT)
-        .await?
-        .is_none()
-    {
-        match kafka::create_topic(
-            &options,
-            &progress,
-            1,
-            &[("cleanup.policy", "compact")],
-            TIMEOUT,
-        )
-        .await
-        {
-            Err(error) if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {}
-            other => other?,
-        }
-    }
+    kafka::ensure_topic(
+        &options,
+        &progress,
+        1,
+        &[("cleanup.policy", "compact")],
+        TIMEOUT,
+    )
+    .await?;
     let group = format!("onceflow-outbox-{}", config.name);
     let membership: BaseConsumer = options
         .config(&[

@@ -250,3 +250,35 @@ pub fn wipe(dir: &Path) {
         std::fs::remove_dir_all(dir).expect("wipe state dir");
     }
 }
+
+/// For the test binaries run as children: the environment variable `name`, which the
+/// test must set.
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is required"))
+}
+
+/// For the test binaries run as children: logs to standard error at `RUST_LOG`, or
+/// `onceflow=info`.
+pub fn init_logs() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "onceflow=info".into()),
+        )
+        .init();
+}
+
+/// For the test binaries run as children: resolves when standard input closes (the
+/// test's way of asking for a graceful stop).
+pub async fn stdin_closed() {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut buffer = [0u8; 64];
+    while stdin
+        .read(&mut buffer)
+        .await
+        .map(|n| n > 0)
+        .unwrap_or(false)
+    {}
+}

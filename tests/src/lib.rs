@@ -255,3 +255,28 @@ pub fn wait_for_members(kafka: &Kafka, group: &str, members: usize, within: Dura
     }
     panic!("group {group} not stable with {members} members after {within:?}: {last}");
 }
+
+/// Waits (at most `within`) until `topic` holds `count` records visible to
+/// `read_committed`; fails with how many it saw.
+pub async fn wait_for_records(
+    kafka: &Kafka,
+    topic: &str,
+    count: usize,
+    within: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let seen = kafka
+            .read_to_end(topic, onceflow::testkit::Isolation::ReadCommitted)
+            .await?
+            .len();
+        if seen >= count {
+            return Ok(());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{seen} of {count} records on `{topic}` after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

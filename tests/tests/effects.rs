@@ -43,25 +43,6 @@ async fn committed<T: serde::de::DeserializeOwned>(
         .collect::<Result<_, _>>()?)
 }
 
-/// Waits until `topic` holds `count` committed records.
-async fn wait_for(kafka: &Kafka, topic: &str, count: usize) -> TestResult {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let seen = kafka
-            .read_to_end(topic, Isolation::ReadCommitted)
-            .await?
-            .len();
-        if seen >= count {
-            return Ok(());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{seen} of {count} records on `{topic}` after {WITHIN:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// The processor with effects on, and a results topic for the executor.
 async fn setup(name: &str) -> Result<(Operator, EngineConfig, String), Box<dyn std::error::Error>> {
     let op = Operator::new(name, 3).await?;
@@ -109,7 +90,7 @@ async fn every_effect_is_applied_once_under_its_idempotency_key() -> TestResult 
     .await?;
     let shutdown = engine.shutdown_handle();
     let running = tokio::spawn(engine.run(executor));
-    let waited = wait_for(op.kafka, &results, keys.len()).await;
+    let waited = onceflow_e2e::wait_for_records(op.kafka, &results, keys.len(), WITHIN).await;
     shutdown.trigger();
     let stats = running.await??;
     waited?;
@@ -198,7 +179,7 @@ async fn crash_an_executor(checks_back: bool) -> Result<Vec<u32>, Box<dyn std::e
     assert!(service.seen(|s| s.applied.len()) >= 41);
 
     let mut second = spawn(None);
-    let waited = wait_for(op.kafka, &results, events.len()).await;
+    let waited = onceflow_e2e::wait_for_records(op.kafka, &results, events.len(), WITHIN).await;
     drop(second.stdin.take());
     let stopped = tokio::task::block_in_place(|| second.wait_with_output())?;
     waited?;
@@ -270,8 +251,8 @@ async fn an_effect_that_never_resolves_is_dead_lettered_with_the_reason() -> Tes
     let shutdown = engine.shutdown_handle();
     let running = tokio::spawn(engine.run(executor));
     let waited = async {
-        wait_for(op.kafka, &results, events.len() - 1).await?;
-        wait_for(op.kafka, &dead_letters, 1).await
+        onceflow_e2e::wait_for_records(op.kafka, &results, events.len() - 1, WITHIN).await?;
+        onceflow_e2e::wait_for_records(op.kafka, &dead_letters, 1, WITHIN).await
     }
     .await;
     shutdown.trigger();

@@ -9,12 +9,12 @@
 //! - a half whose check-back never resolves is dead-lettered after its bounds.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use onceflow::effects::Bounds;
 use onceflow::half::{self, CheckBack, Decision, HalfConfig, HalfMessage, Resolved};
 use onceflow::outbox::sqlx::{self, PgPool};
-use onceflow::testkit::{self, Isolation, Kafka};
+use onceflow::testkit::{self, Isolation};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -41,24 +41,6 @@ impl CheckBack for Orders {
             Ok(None) => Decision::Rollback,
             Err(error) => Decision::Unknown(error.to_string()),
         }
-    }
-}
-
-async fn wait_for(kafka: &Kafka, topic: &str, count: usize) -> TestResult {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let seen = kafka
-            .read_to_end(topic, Isolation::ReadCommitted)
-            .await?
-            .len();
-        if seen >= count {
-            return Ok(());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{seen} of {count} on `{topic}` after {WITHIN:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -149,8 +131,8 @@ async fn a_half_message_is_published_if_and_only_if_its_local_transaction_commit
         },
     ));
     let waited = async {
-        wait_for(kafka, &topic, published.len()).await?;
-        wait_for(kafka, &config.dead_letter_topic(), 1).await
+        onceflow_e2e::wait_for_records(kafka, &topic, published.len(), WITHIN).await?;
+        onceflow_e2e::wait_for_records(kafka, &config.dead_letter_topic(), 1, WITHIN).await
     }
     .await;
     let _ = stop.send(());

@@ -96,24 +96,6 @@ async fn published(
         .collect())
 }
 
-async fn wait_for_published(kafka: &Kafka, topic: &str, count: usize) -> TestResult {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let seen = kafka
-            .read_to_end(topic, Isolation::ReadCommitted)
-            .await?
-            .len();
-        if seen >= count {
-            return Ok(());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{seen} of {count} orders published after {WITHIN:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// A relay process, killed (and reaped) when dropped unless stopped first.
 struct RelayProcess(Option<Child>);
 
@@ -232,7 +214,7 @@ async fn committed_orders_are_published_once_in_order_through_crashed_relays() -
     for writer in writers {
         committed.extend(writer.await?.map_err(|e| e.to_string())?);
     }
-    let waited = wait_for_published(kafka, &topic, committed.len()).await;
+    let waited = onceflow_e2e::wait_for_records(kafka, &topic, committed.len(), WITHIN).await;
     let stopped = tokio::task::block_in_place(|| third.stop())?;
     waited?;
     assert!(stopped.status.success(), "{stopped:?}");
@@ -305,7 +287,7 @@ async fn a_transaction_that_commits_late_is_published_first_not_skipped() -> Tes
     let mut first = pool.begin().await?;
     outbox::enqueue(&mut first, &Message::json(&topic, "c", &order(0))?).await?;
     first.commit().await?;
-    wait_for_published(kafka, &topic, 1).await?;
+    onceflow_e2e::wait_for_records(kafka, &topic, 1, WITHIN).await?;
     // The next transaction takes its ID, then waits; a later one commits meanwhile.
     let mut early = pool.begin().await?;
     outbox::enqueue(&mut early, &Message::json(&topic, "c", &order(1))?).await?;
@@ -316,7 +298,7 @@ async fn a_transaction_that_commits_late_is_published_first_not_skipped() -> Tes
     let held = kafka.read_to_end(&topic, Isolation::ReadCommitted).await?;
     assert_eq!(held.len(), 1, "published past a transaction still open");
     early.commit().await?;
-    wait_for_published(kafka, &topic, 3).await?;
+    onceflow_e2e::wait_for_records(kafka, &topic, 3, WITHIN).await?;
     let _ = stop.send(());
     let stats = relay.await??;
     let seqs: Vec<u32> = published(kafka, &topic)

@@ -303,3 +303,22 @@ pub(crate) async fn with_metadata<T: Send + 'static>(
     })
     .await
 }
+
+/// Creates a topic onceflow owns when it does not exist yet; another client creating it
+/// at the same moment is fine.
+pub(crate) async fn ensure_topic(
+    options: &ClientOptions,
+    name: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<()> {
+    if partition_count(options, name, timeout).await?.is_some() {
+        return Ok(());
+    }
+    tracing::info!(topic = name, partitions, "creating topic");
+    match create_topic(options, name, partitions, configs, timeout).await {
+        Err(error) if error.has_code(RDKafkaErrorCode::TopicAlreadyExists) => Ok(()),
+        other => other,
+    }
+}

@@ -6,22 +6,13 @@
 
 use onceflow::EngineConfig;
 use onceflow_e2e::effects::HttpCharge;
-use tokio::io::AsyncReadExt;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is required"))
-}
+use onceflow_e2e::child::env;
 
 #[tokio::main]
 async fn main() {
     let _failpoints = fail::FailScenario::setup();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "onceflow=info".into()),
-        )
-        .init();
+    onceflow_e2e::child::init_logs();
     let group = env("EXEC_GROUP");
     let processor = EngineConfig::new(
         env("EXEC_BROKERS"),
@@ -41,14 +32,7 @@ async fn main() {
         .expect("executor");
     let shutdown = engine.shutdown_handle();
     tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let mut buffer = [0u8; 64];
-        while stdin
-            .read(&mut buffer)
-            .await
-            .map(|n| n > 0)
-            .unwrap_or(false)
-        {}
+        onceflow_e2e::child::stdin_closed().await;
         shutdown.trigger();
     });
     match engine.run(executor).await {

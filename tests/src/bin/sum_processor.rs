@@ -12,22 +12,13 @@ use std::time::Duration;
 use onceflow::{Engine, EngineConfig, Error};
 use onceflow_e2e::poison::Picky;
 use onceflow_e2e::sum::Sum;
-use tokio::io::AsyncReadExt;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is required"))
-}
+use onceflow_e2e::child::env;
 
 #[tokio::main]
 async fn main() {
     let _failpoints = fail::FailScenario::setup();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "onceflow=info".into()),
-        )
-        .init();
+    onceflow_e2e::child::init_logs();
 
     let output = env("SUM_OUTPUT");
     let mut config = EngineConfig::new(
@@ -60,16 +51,7 @@ async fn main() {
     };
     let shutdown = engine.shutdown_handle();
     tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let mut buffer = [0u8; 64];
-        let closed = async {
-            while stdin
-                .read(&mut buffer)
-                .await
-                .map(|n| n > 0)
-                .unwrap_or(false)
-            {}
-        };
+        let closed = onceflow_e2e::child::stdin_closed();
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .expect("SIGTERM handler");
