@@ -17,6 +17,10 @@
 //! idempotency key) and nothing else, so "charge, then record the charge" is two
 //! processors and one effect.
 //!
+//! With the runner, `onceflow::run_with_effects(processor, effect)` gives one binary both
+//! roles (setting `role`: `processor`, `effects` or `all`); `examples/examples/shop/` is
+//! a whole flow built that way.
+//!
 //! # The guarantee
 //!
 //! - **Systems that honour an idempotency key** (payment APIs, most HTTP services with an

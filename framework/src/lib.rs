@@ -57,7 +57,7 @@ pub use event::{Codec, Event, EventId, Json};
 pub use onceflow_macros::{Event, Processor};
 pub use processor::{Context, OutputRecord, Processor, RecordMeta, State, Topic};
 #[cfg(feature = "runner")]
-pub use runner::{run, run_with_args};
+pub use runner::{run, run_with_args, run_with_effects, run_with_effects_and_args};
 
 /// The transaction log's hot path for the benchmark crate (feature `bench-internals`).
 /// Not public API: it may change in any release.

@@ -4,6 +4,8 @@
 //!  argv, ONCEFLOW_*, --config file ─► settings (all problems at once, before connecting)
 //!        │
 //!        ├─ run (default) ─► logs, /metrics + /healthz, signals ─► Engine::run
+//!        │     └─ role = processor | effects | all (with run_with_effects): the
+//!        │        processor, the executor of its effects, or both side by side
 //!        ├─ verify-config ─► every setting with its value and where it came from
 //!        ├─ inspect ──────► what the transaction log holds, per partition
 //!        └─ dlq replay ───► re-publish dead letters, exactly once
@@ -24,10 +26,11 @@ use std::process::ExitCode;
 use clap::{Arg, Command};
 
 use crate::Error;
+use crate::effects::{Effect, Intent, Outcome};
 use crate::engine::Engine;
 use crate::engine::Shutdown;
 use crate::processor::Processor;
-use settings::{LogFormat, Settings};
+use settings::{LogFormat, Role, Settings};
 
 /// Exit code of a bad command line or configuration.
 const EXIT_USAGE: u8 = 2;
@@ -59,10 +62,85 @@ pub async fn run<P: Processor>(processor: P) -> ExitCode {
     run_with_args(processor, std::env::args_os()).await
 }
 
+/// [`run`] for a processor that records side effects ([`crate::Context::effect`]), with
+/// the executor that applies them ([`crate::effects`]). The setting `role` picks what a
+/// process runs: `all` (the default) the processor and the executor side by side,
+/// `processor` or `effects` one of them, so each can be scaled on its own (the
+/// executor is its own consumer group, `<group>-effects-executor`). Intents go to
+/// `effects_topic` (default `<group>-effects`); `effect_results` names a topic for the
+/// results.
+///
+/// ```no_run
+/// # use onceflow::{Context, Event, Processor, Result};
+/// # use onceflow::effects::{Effect, Intent, Outcome};
+/// # #[derive(Event, serde::Deserialize)]
+/// # struct Order { #[event(id)] id: String }
+/// # #[derive(Processor)]
+/// # #[processor(name = "shipping", input = "orders", input_type = Order)]
+/// # struct Shipping;
+/// # impl Shipping {
+/// #     async fn handle(&mut self, order: Order, ctx: &mut Context<'_>) -> Result<()> {
+/// #         ctx.effect("ship", &order.id, &order.id)
+/// #     }
+/// # }
+/// struct Warehouse;
+///
+/// #[onceflow::async_trait]
+/// impl Effect for Warehouse {
+///     fn name(&self) -> &str { "warehouse" }
+///     async fn apply(&mut self, intent: &Intent) -> Outcome {
+///         // POST intent.payload with the header Idempotency-Key: intent.idempotency_key
+///         Outcome::Applied(None)
+///     }
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> std::process::ExitCode {
+///     onceflow::run_with_effects(Shipping, Warehouse).await
+/// }
+/// ```
+pub async fn run_with_effects<P: Processor, E: Effect>(processor: P, effect: E) -> ExitCode {
+    run_service(processor, Some(effect), std::env::args_os()).await
+}
+
+/// [`run_with_effects`] with the given command line (the first item is the program name).
+pub async fn run_with_effects_and_args<P, E, I, T>(processor: P, effect: E, args: I) -> ExitCode
+where
+    P: Processor,
+    E: Effect,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    run_service(processor, Some(effect), args).await
+}
+
 /// [`run`] with the given command line (the first item is the program name).
 pub async fn run_with_args<P, I, T>(processor: P, args: I) -> ExitCode
 where
     P: Processor,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    run_service::<P, NoEffect, I, T>(processor, None, args).await
+}
+
+/// The effect of a binary without an executor: never constructed.
+enum NoEffect {}
+
+#[crate::async_trait]
+impl Effect for NoEffect {
+    fn name(&self) -> &str {
+        match *self {}
+    }
+    async fn apply(&mut self, _: &Intent) -> Outcome {
+        match *self {}
+    }
+}
+
+async fn run_service<P, E, I, T>(processor: P, effect: Option<E>, args: I) -> ExitCode
+where
+    P: Processor,
+    E: Effect,
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
@@ -81,7 +159,9 @@ where
     };
     let env: BTreeMap<String, String> = std::env::vars().collect();
     let host = gethostname::gethostname().to_string_lossy().into_owned();
-    let settings = match settings::resolve(&matches, &env, &declared, &host) {
+    let settings = settings::resolve(&matches, &env, &declared, &host)
+        .and_then(|settings| with_executor(settings, effect.is_some()));
+    let settings = match settings {
         Ok(settings) => settings,
         Err(problems) => {
             for problem in &problems {
@@ -104,7 +184,7 @@ where
             Some(("replay", replay)) => commands::replay(&settings.engine, replay).await,
             _ => unreachable!("clap requires a dlq subcommand"),
         },
-        _ => return serve(processor, settings).await,
+        _ => return serve(processor, effect, settings).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -168,17 +248,81 @@ fn init_logging(settings: &Settings) {
     };
 }
 
-/// The `run` subcommand: the engine, its endpoint and the signal handling.
-async fn serve<P: Processor>(processor: P, settings: Settings) -> ExitCode {
-    let engine = match Engine::new(settings.engine.clone()) {
-        Ok(engine) => engine,
-        Err(error) => {
-            eprintln!("error: {error}");
-            return ExitCode::from(EXIT_USAGE);
+/// The settings once it is known whether the binary has an effect executor: with one,
+/// effects are on (`<group>-effects` unless `effects_topic` names another); without,
+/// `role = effects` has nothing to run.
+fn with_executor(mut settings: Settings, has_executor: bool) -> Result<Settings, Vec<Error>> {
+    if !has_executor {
+        if settings.role == Role::Effects {
+            return Err(vec![Error::Config {
+                key: "role".into(),
+                value: "effects".into(),
+                accepted: "processor or all: this binary has no effect executor \
+                           (build it with onceflow::run_with_effects)"
+                    .into(),
+            }]);
         }
+        return Ok(settings);
+    }
+    if settings.engine.effects_topic.is_none() {
+        let topic = format!("{}-effects", settings.engine.group);
+        settings.resolved.push((
+            "effects_topic".into(),
+            topic.clone(),
+            settings::Source::Derived("<group>-effects"),
+        ));
+        settings.engine.effects_topic = Some(topic);
+    }
+    Ok(settings)
+}
+
+/// The `run` subcommand: the engines the role asks for, the endpoint and the signals.
+async fn serve<P: Processor, E: Effect>(
+    processor: P,
+    effect: Option<E>,
+    settings: Settings,
+) -> ExitCode {
+    let processor_engine = match settings.role {
+        Role::Effects if effect.is_some() => None,
+        _ => match Engine::new(settings.engine.clone()) {
+            Ok(engine) => Some(engine),
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    let executor = match (effect, settings.role) {
+        (Some(effect), Role::Effects | Role::All) => {
+            let started = async {
+                let config = crate::effects::executor_config(
+                    &settings.engine,
+                    &settings.engine.instance_id,
+                )?;
+                wait_for_effects_topic(&config).await?;
+                crate::effects::executor(config, effect, settings.effect_results.as_deref()).await
+            };
+            match started.await {
+                Ok(executor) => Some(executor),
+                Err(error) => {
+                    eprintln!("error: the effect executor: {error}");
+                    return ExitCode::from(if matches!(error, Error::Config { .. }) {
+                        EXIT_USAGE
+                    } else {
+                        1
+                    });
+                }
+            }
+        }
+        _ => None,
     };
     if let Some(address) = settings.metrics_address {
-        match endpoint::serve(address, engine.stats(), &settings.engine).await {
+        // /healthz follows the processor where this process runs one.
+        let stats = match (&processor_engine, &executor) {
+            (Some(engine), _) | (None, Some((engine, _))) => engine.stats(),
+            (None, None) => unreachable!("a role runs at least one engine"),
+        };
+        match endpoint::serve(address, stats, &settings.engine).await {
             Ok(bound) => tracing::info!(%bound, "serving /metrics and /healthz"),
             Err(error) => {
                 eprintln!("error: {error}");
@@ -186,34 +330,112 @@ async fn serve<P: Processor>(processor: P, settings: Settings) -> ExitCode {
             }
         }
     }
-    tokio::spawn(stop_on_signals(engine.shutdown_handle()));
-    match engine.run(processor).await {
-        Ok(stats) => {
-            tracing::info!(?stats, "stopped");
-            ExitCode::SUCCESS
+    let shutdowns: Vec<Shutdown> = processor_engine
+        .iter()
+        .chain(executor.iter().map(|(engine, _)| engine))
+        .map(Engine::shutdown_handle)
+        .collect();
+    tokio::spawn(stop_on_signals(shutdowns.clone()));
+    // Either engine stopping on an error stops the other one too: a process that runs
+    // half of its role is worse than one that exits and is restarted.
+    let stop_all = |what: &'static str, outcome: crate::Result<crate::StatsSnapshot>| {
+        if outcome.is_err() {
+            shutdowns.iter().for_each(Shutdown::trigger);
         }
-        Err(error @ Error::Fenced { .. }) => {
-            tracing::error!(%error, "fenced");
-            eprintln!("error: {error}");
-            ExitCode::from(EXIT_FENCED)
+        (what, outcome)
+    };
+    let (first, second) = tokio::join!(
+        async {
+            match processor_engine {
+                Some(engine) => Some(stop_all("processor", engine.run(processor).await)),
+                None => None,
+            }
+        },
+        async {
+            match executor {
+                Some((engine, executor)) => {
+                    Some(stop_all("effect executor", engine.run(executor).await))
+                }
+                None => None,
+            }
+        },
+    );
+    let mut code = ExitCode::SUCCESS;
+    for (what, outcome) in [first, second].into_iter().flatten() {
+        match outcome {
+            Ok(stats) => tracing::info!(engine = what, ?stats, "stopped"),
+            Err(error @ Error::Fenced { .. }) => {
+                tracing::error!(engine = what, %error, "fenced");
+                eprintln!("error: the {what}: {error}");
+                code = ExitCode::from(EXIT_FENCED);
+            }
+            Err(error) => {
+                tracing::error!(engine = what, %error, "stopped on an error");
+                eprintln!("error: the {what}: {error}");
+                if code == ExitCode::SUCCESS {
+                    code = ExitCode::FAILURE;
+                }
+            }
         }
-        Err(error) => {
-            tracing::error!(%error, "stopped on an error");
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
+    }
+    code
+}
+
+/// How long an executor started before its processor waits for the effects topic.
+const EFFECTS_TOPIC_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Waits for the executor's input, the effects topic the processor creates at its first
+/// start, so the two roles can be started in any order; bounded, with progress logged.
+async fn wait_for_effects_topic(config: &crate::EngineConfig) -> crate::Result<()> {
+    let options = crate::kafka::ClientOptions::with_properties(
+        &config.bootstrap_servers,
+        &config.kafka_properties,
+    );
+    let started = std::time::Instant::now();
+    let mut logged = false;
+    loop {
+        let timeout = std::time::Duration::from_secs(10);
+        if crate::kafka::partition_count(&options, &config.input_topic, timeout)
+            .await?
+            .is_some()
+        {
+            return Ok(());
         }
+        if started.elapsed() > EFFECTS_TOPIC_WAIT {
+            return Err(Error::Config {
+                key: "effects_topic".into(),
+                value: config.input_topic.clone(),
+                accepted: format!(
+                    "a topic that exists: none after {EFFECTS_TOPIC_WAIT:?}; it is created by the \
+                     processor's first start (role processor or all)"
+                ),
+            });
+        }
+        if !logged {
+            tracing::info!(topic = %config.input_topic, "waiting for the effects topic (the processor creates it at its first start)");
+            logged = true;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }
 
-/// First SIGINT or SIGTERM: finish and commit the open batch, then stop. Second: exit now
-/// (the open transaction is then aborted by the broker, nothing of it is visible).
-async fn stop_on_signals(shutdown: Shutdown) {
+/// First SIGINT or SIGTERM: every engine of the process finishes and commits its open
+/// batch, then stops. Second: exit now (the open transactions are then aborted by the
+/// broker, nothing of them is visible).
+async fn stop_on_signals(shutdowns: Vec<Shutdown>) {
+    let stop = || shutdowns.iter().for_each(Shutdown::trigger);
     let mut terminate =
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(signal) => signal,
             Err(error) => {
                 tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops gracefully");
-                return wait_for_interrupts(shutdown).await;
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    stop();
+                    if tokio::signal::ctrl_c().await.is_ok() {
+                        std::process::exit(130);
+                    }
+                }
+                return;
             }
         };
     tokio::select! {
@@ -221,7 +443,7 @@ async fn stop_on_signals(shutdown: Shutdown) {
         _ = terminate.recv() => {}
     }
     tracing::warn!("stopping after the open batch commits; signal again to exit at once");
-    shutdown.trigger();
+    stop();
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
@@ -230,15 +452,6 @@ async fn stop_on_signals(shutdown: Shutdown) {
         "second signal: exiting now; the open batch is not committed and will be processed again"
     );
     std::process::exit(130);
-}
-
-async fn wait_for_interrupts(shutdown: Shutdown) {
-    if tokio::signal::ctrl_c().await.is_ok() {
-        shutdown.trigger();
-        if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(130);
-        }
-    }
 }
 
 #[cfg(test)]

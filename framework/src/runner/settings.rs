@@ -158,6 +158,24 @@ const SETTINGS: &[Setting] = &[
         "Replication factor of the changelog and dead-letter topics onceflow creates [default: the broker's]",
     ),
     setting(
+        "role",
+        Some("all"),
+        "ROLE",
+        "processor, effects or all: with an effect executor (onceflow::run_with_effects), whether this process runs the processor, the executor of its effects, or both",
+    ),
+    setting(
+        "effects_topic",
+        None,
+        "TOPIC",
+        "Topic of the processor's effect intents [default: <group>-effects when the binary has an effect executor, else effects are off]",
+    ),
+    setting(
+        "effect_results",
+        Some("none"),
+        "TOPIC|none",
+        "Where the executor records each applied effect's result (an existing topic), or none",
+    ),
+    setting(
         "max_attempts",
         Some("5"),
         "N",
@@ -230,6 +248,17 @@ pub(crate) enum LogFormat {
     Json,
 }
 
+/// Which engines a process runs, when the binary has an effect executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The processor only.
+    Processor,
+    /// The executor of the processor's effects only.
+    Effects,
+    /// Both, side by side (the default).
+    All,
+}
+
 /// What the processor declares, for the defaults that depend on it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Declared {
@@ -245,6 +274,10 @@ pub(crate) struct Settings {
     pub(crate) metrics_address: Option<SocketAddr>,
     pub(crate) log_format: LogFormat,
     pub(crate) log_filter: String,
+    /// Which engines this process runs.
+    pub(crate) role: Role,
+    /// Where the executor records results (`effect_results`).
+    pub(crate) effect_results: Option<String>,
     /// Every setting's final value and where it came from, in table order.
     pub(crate) resolved: Vec<(String, String, Source)>,
     /// What the processor declares (the topics the configuration may rename).
@@ -664,6 +697,19 @@ fn build(
             None
         }
     };
+    let role = match text("role").as_str() {
+        "processor" => Some(Role::Processor),
+        "effects" => Some(Role::Effects),
+        "all" => Some(Role::All),
+        _ => {
+            bad("role", "processor, effects or all");
+            None
+        }
+    };
+    let effect_results = match text("effect_results").as_str() {
+        "none" | "" => None,
+        topic => Some(topic.to_owned()),
+    };
     let max_batch_records = max_batch_records.and_then(|n| {
         usize::try_from(n)
             .map_err(|_| bad("max_batch_records", "a whole number that fits in memory"))
@@ -704,6 +750,7 @@ fn build(
     engine.dead_letter_topic = Some(text("dead_letter_topic"));
     engine.changelog_topic = Some(text("changelog_topic"));
     engine.changelog_replication_factor = changelog_replication_factor;
+    engine.effects_topic = Some(text("effects_topic")).filter(|t| !t.is_empty());
     engine.kafka_properties = kafka.into_iter().map(|(k, v, _)| (k, v)).collect();
     engine.commit_interval = commit_interval?;
     engine.dedup_window = dedup_window?;
@@ -720,6 +767,8 @@ fn build(
         metrics_address: metrics_address?,
         log_format: log_format?,
         log_filter: text("log"),
+        role: role?,
+        effect_results,
         resolved: Vec::new(),
         declared: Declared::default(),
     })
@@ -850,6 +899,38 @@ mod tests {
         );
         let problems = resolve_args(&["--outputs", "invoices="]).expect_err("empty");
         assert_eq!(keys_of(&problems), ["outputs"]);
+    }
+
+    #[test]
+    fn the_role_and_the_effect_settings_parse_and_bad_roles_are_named() {
+        let settings = resolve_args(&[]).expect("defaults");
+        assert_eq!(settings.role, Role::All);
+        assert_eq!(settings.effect_results, None);
+        assert_eq!(settings.engine.effects_topic, None, "off unless asked for");
+        let settings = resolve_args(&[
+            "--role",
+            "effects",
+            "--effects-topic",
+            "shop-intents",
+            "--effect-results",
+            "shipped",
+        ])
+        .expect("valid");
+        assert_eq!(settings.role, Role::Effects);
+        assert_eq!(settings.effect_results.as_deref(), Some("shipped"));
+        assert_eq!(
+            settings.engine.effects_topic.as_deref(),
+            Some("shop-intents")
+        );
+        let problems = resolve_args(&["--role", "executor"]).expect_err("unknown role");
+        assert_eq!(keys_of(&problems), ["role"]);
+        assert!(
+            problems[0]
+                .to_string()
+                .contains("processor, effects or all"),
+            "{}",
+            problems[0]
+        );
     }
 
     #[test]
