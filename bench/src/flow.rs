@@ -13,11 +13,11 @@ use crate::workload::Output;
 #[derive(Event, serde::Deserialize, Debug)]
 pub struct Keyed {
     #[event(id)]
-    id: String,
+    pub(crate) id: String,
     #[event(key)]
-    key: String,
-    amount: i64,
-    sent_us: i64,
+    pub(crate) key: String,
+    pub(crate) amount: i64,
+    pub(crate) sent_us: i64,
 }
 
 /// The benchmark processor.

@@ -7,6 +7,7 @@
 
 pub mod charts;
 pub mod driver;
+pub mod effects;
 pub mod flow;
 pub mod process;
 pub mod raw;

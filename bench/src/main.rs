@@ -33,6 +33,30 @@ enum Commands {
     RawTxn(ContenderArgs),
     /// Contender c: onceflow, in the mode given by --delivery.
     Onceflow(ContenderArgs),
+    /// Exactly-once side effects: executor throughput and send-to-effect latency.
+    Effects(EffectsCli),
+}
+
+#[derive(Args, Debug)]
+struct EffectsCli {
+    /// Use this broker instead of starting one (testkit, Docker).
+    #[arg(long)]
+    brokers: Option<String>,
+    /// Intents of the throughput phase.
+    #[arg(long, default_value_t = 20_000)]
+    events: u64,
+    /// Events per second of the latency phase.
+    #[arg(long, default_value_t = 500)]
+    rate: u64,
+    #[arg(long, default_value_t = 5_000)]
+    latency_events: u64,
+    #[arg(long, default_value_t = 8)]
+    partitions: i32,
+    #[arg(long, default_value_t = 100)]
+    commit_interval_ms: u64,
+    /// Where the report goes (`<date>-effects.md`).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
+    out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -182,6 +206,7 @@ fn main() -> ExitCode {
             raw::run_transactional(&raw_args(&args)).map_err(|e| e.to_string())
         }
         Commands::Onceflow(args) => runtime.block_on(onceflow(args)),
+        Commands::Effects(args) => runtime.block_on(effects(args)),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -471,6 +496,35 @@ async fn report(args: ReportArgs) -> Result<(), String> {
     };
     let text = report::markdown(&date, &conditions, &measured);
     let path = args.out.join(format!("{date}.md"));
+    report::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("{text}");
+    println!("written to {}", path.display());
+    Ok(())
+}
+
+async fn effects(cli: EffectsCli) -> Result<(), String> {
+    let kafka: &'static onceflow::testkit::Kafka = match &cli.brokers {
+        Some(brokers) => Box::leak(Box::new(onceflow::testkit::Kafka::connect(brokers.clone()))),
+        None => onceflow::testkit::kafka().await,
+    };
+    let args = onceflow_bench::effects::EffectsArgs {
+        events: cli.events,
+        rate: cli.rate,
+        latency_events: cli.latency_events,
+        partitions: cli.partitions,
+        commit_interval: Duration::from_millis(cli.commit_interval_ms),
+    };
+    let phases = onceflow_bench::effects::run(kafka, &args)
+        .await
+        .map_err(|e| e.to_string())?;
+    let date = report::today();
+    let broker = format!(
+        "Apache Kafka {} (KRaft, one node) at {}",
+        onceflow::testkit::KAFKA_VERSION,
+        kafka.bootstrap_servers()
+    );
+    let text = onceflow_bench::effects::markdown(&date, &args, &broker, &phases);
+    let path = cli.out.join(format!("{date}-effects.md"));
     report::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
     println!("{text}");
     println!("written to {}", path.display());

@@ -104,3 +104,40 @@ async fn every_contender_runs_and_the_report_is_well_formed() {
         assert!(bytes.starts_with(b"\x89PNG"), "{} is a PNG", png.display());
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_effects_benchmark_runs_and_applies_every_intent_once() {
+    let kafka = onceflow::testkit::kafka().await;
+    let out = tempfile::tempdir().expect("a temporary directory");
+    let output = Command::new(env!("CARGO_BIN_EXE_onceflow-bench"))
+        .args(["effects", "--brokers", kafka.bootstrap_servers()])
+        .args([
+            "--events",
+            "200",
+            "--latency-events",
+            "100",
+            "--rate",
+            "200",
+        ])
+        .args(["--partitions", "2"])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("the effects benchmark runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "it failed:\n{stderr}");
+    let file = std::fs::read_dir(out.path())
+        .expect("the output directory")
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| path.to_string_lossy().ends_with("-effects.md"))
+        .expect("a <date>-effects.md report");
+    let report = std::fs::read_to_string(&file).expect("the report reads");
+    let rows = table(&report, "# Effects benchmark");
+    assert_eq!(rows.len(), 2, "keys and check-back:\n{report}");
+    for row in rows {
+        assert_eq!(row.len(), 5, "{row:?}");
+        assert!(number(row[1]).is_some_and(|rate| rate > 0.0), "{row:?}");
+        // 300 intents, each applied once: no request repeated in a run without faults.
+        assert_eq!(row[4], "300 / 300", "{row:?}");
+    }
+}

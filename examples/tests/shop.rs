@@ -165,17 +165,6 @@ impl Part {
     }
 }
 
-async fn create_database(admin: &str, name: &str) -> String {
-    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(admin)
-        .await
-        .expect("connect to PostgreSQL");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut connection)
-        .await
-        .expect("create the database");
-    testkit::postgres().await.database_url(name)
-}
-
 /// Posts order `body` until the order service answers 2xx (it may be down, being
 /// restarted): a client that retries, as clients do.
 async fn post_order(client: &reqwest::Client, url: &str, body: &serde_json::Value) {
@@ -198,8 +187,11 @@ async fn every_order_ships_once_and_counts_once_through_kills_of_every_part() {
     for topic in ["orders", "reserved-orders", "rejected-orders", "points"] {
         kafka.create_topic(topic, 4).await.expect("create topic");
     }
-    let shop_db = create_database(postgres.url(), "shop").await;
-    let warehouse_db = create_database(postgres.url(), "warehouse").await;
+    let shop_db = postgres.create_database("shop").await.expect("a database");
+    let warehouse_db = postgres
+        .create_database("warehouse")
+        .await
+        .expect("a database");
     let dir = tempfile::tempdir().expect("temporary directory");
     let state = dir.path().join("state").to_str().expect("utf-8").to_owned();
     let brokers = kafka.bootstrap_servers().to_owned();

@@ -242,7 +242,9 @@ pub fn executor_config(processor: &EngineConfig, instance_id: &str) -> Result<En
 
 /// An engine ready to run `effect` as the executor `config` describes (see
 /// [`executor_config`]), writing results to `results` when given (a topic that must
-/// exist). Creates the pending-marker topic when the effect checks back.
+/// exist). Creates the pending-marker topic when the effect checks back. An executor
+/// started before its processor waits for the effects topic the processor creates at
+/// its first start (at most 2 minutes, logged), so the two can start in any order.
 ///
 /// ```no_run
 /// # async fn f(processor: onceflow::EngineConfig, effect: impl onceflow::effects::Effect) -> onceflow::Result<()> {
@@ -258,6 +260,7 @@ pub async fn executor<E: Effect>(
 ) -> Result<(Engine, Executor<E>)> {
     let options =
         ClientOptions::with_properties(&config.bootstrap_servers, &config.kafka_properties);
+    wait_for_effects_topic(&options, &config.input_topic).await?;
     let pending_topic = if effect.checks_back() {
         let topic = format!("{}-pending", config.group);
         let partitions = kafka::partition_count(&options, &config.input_topic, TIMEOUT)
@@ -300,6 +303,38 @@ pub async fn executor<E: Effect>(
 }
 
 const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long an executor started before its processor waits for the effects topic.
+const EFFECTS_TOPIC_WAIT: Duration = Duration::from_secs(120);
+
+/// Waits for the effects topic, bounded, with the wait logged once.
+async fn wait_for_effects_topic(options: &ClientOptions, topic: &str) -> Result<()> {
+    let started = Instant::now();
+    let mut logged = false;
+    loop {
+        if kafka::partition_count(options, topic, TIMEOUT)
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+        if started.elapsed() > EFFECTS_TOPIC_WAIT {
+            return Err(Error::Config {
+                key: "effects_topic".into(),
+                value: topic.to_owned(),
+                accepted: format!(
+                    "a topic that exists: none after {EFFECTS_TOPIC_WAIT:?}; the processor \
+                     creates it at its first start (EngineConfig::with_effects)"
+                ),
+            });
+        }
+        if !logged {
+            tracing::info!(%topic, "waiting for the effects topic (the processor creates it at its first start)");
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
 
 /// Applies the intents of an effects topic; see the [module](self).
 pub struct Executor<E> {

@@ -361,6 +361,9 @@ impl TransactionalSender {
     {
         let partition = self.resolver.write(&message).await?;
         let decided = local(message.clone()).await;
+        // A sender that dies here, its local transaction ended and the half unresolved,
+        // is what the check-back is for (the tests crash a child process here).
+        crate::engine::crash_point!("onceflow-half-after-local");
         let resolved = match decided {
             Decision::Commit => self
                 .resolver

@@ -280,3 +280,26 @@ pub async fn wait_for_records(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// The local transaction of the half-message tests: inserts order `id` into the table
+/// `orders (id, total)` and commits, or rolls back.
+pub async fn insert_order(
+    pool: &onceflow::outbox::sqlx::PgPool,
+    id: &str,
+    total: i64,
+    commit: bool,
+) {
+    use onceflow::outbox::sqlx;
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("INSERT INTO orders (id, total) VALUES ($1, $2)")
+        .bind(id)
+        .bind(total)
+        .execute(&mut *tx)
+        .await
+        .expect("insert");
+    if commit {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+}

@@ -6,9 +6,13 @@
 //! - a sender that stops after its local transaction (committed, or rolled back) and
 //!   before resolving leaves the half to the check-back, which asks the database and
 //!   publishes or removes it;
-//! - a half whose check-back never resolves is dead-lettered after its bounds.
+//! - a half whose check-back never resolves is dead-lettered after its bounds;
+//! - a sender *process* crashed (`abort()`) between its local transaction and the
+//!   resolution — once after a commit, once after a rollback — leaves a half the
+//!   check-back publishes or removes, as the database says.
 
 use std::collections::BTreeSet;
+use std::process::Command;
 use std::time::Duration;
 
 use onceflow::effects::Bounds;
@@ -48,16 +52,7 @@ impl CheckBack for Orders {
 async fn a_half_message_is_published_if_and_only_if_its_local_transaction_committed() -> TestResult
 {
     let kafka = testkit::kafka().await;
-    let server = testkit::postgres().await;
-    let admin = PgPool::connect(server.url()).await?;
-    let database = testkit::unique_name("half").replace('-', "_");
-    sqlx::query(&format!("CREATE DATABASE {database}"))
-        .execute(&admin)
-        .await?;
-    let pool = PgPool::connect(&server.database_url(&database)).await?;
-    sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY, total BIGINT NOT NULL)")
-        .execute(&pool)
-        .await?;
+    let (_, pool) = orders_database("half").await?;
     let topic = testkit::unique_name("half-orders");
     kafka.create_topic(&topic, 3).await?;
     let mut config = HalfConfig::new(kafka.bootstrap_servers(), testkit::unique_name("shop"));
@@ -86,18 +81,7 @@ async fn a_half_message_is_published_if_and_only_if_its_local_transaction_commit
         let says_now = says.clone();
         let resolved = sender
             .send(message, |half| async move {
-                let mut tx = pool.begin().await.expect("begin");
-                sqlx::query("INSERT INTO orders (id, total) VALUES ($1, $2)")
-                    .bind(&half.id)
-                    .bind(i64::from(i))
-                    .execute(&mut *tx)
-                    .await
-                    .expect("insert");
-                if commit {
-                    tx.commit().await.expect("commit");
-                } else {
-                    tx.rollback().await.expect("rollback");
-                }
+                onceflow_e2e::insert_order(&pool, &half.id, i64::from(i), commit).await;
                 says_now
             })
             .await?;
@@ -140,15 +124,7 @@ async fn a_half_message_is_published_if_and_only_if_its_local_transaction_commit
     waited?;
 
     // Published: exactly the committed orders, once each (by event ID), the stuck one not.
-    let records = kafka.read_to_end(&topic, Isolation::ReadCommitted).await?;
-    let ids: Vec<String> = records
-        .iter()
-        .map(|r| {
-            String::from_utf8_lossy(r.header(half::EVENT_ID_HEADER).unwrap_or_default())
-                .trim_start_matches("half:")
-                .to_owned()
-        })
-        .collect();
+    let ids = published_ids(kafka, &topic).await?;
     let distinct: BTreeSet<String> = ids.iter().cloned().collect();
     assert_eq!(ids.len(), distinct.len(), "a half message published twice");
     assert_eq!(distinct, published, "published and committed orders differ");
@@ -169,5 +145,143 @@ async fn a_half_message_is_published_if_and_only_if_its_local_transaction_commit
         reason.contains("unresolved after 3 check-backs"),
         "{reason}"
     );
+    Ok(())
+}
+
+/// The message IDs published on `topic`, in log order (copies included).
+async fn published_ids(
+    kafka: &testkit::Kafka,
+    topic: &str,
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    Ok(kafka
+        .read_to_end(topic, Isolation::ReadCommitted)
+        .await?
+        .iter()
+        .map(|r| {
+            String::from_utf8_lossy(r.header(half::EVENT_ID_HEADER).unwrap_or_default())
+                .trim_start_matches("half:")
+                .to_owned()
+        })
+        .collect())
+}
+
+/// A database of the test's own with the `orders` table: its URL and a pool.
+async fn orders_database(name: &str) -> Result<(String, PgPool), Box<dyn std::error::Error>> {
+    let url = testkit::postgres().await.create_database(name).await?;
+    let pool = PgPool::connect(&url).await?;
+    sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY, total BIGINT NOT NULL)")
+        .execute(&pool)
+        .await?;
+    Ok((url, pool))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_crashed_after_its_local_transaction_is_resolved_by_the_check_back() -> TestResult
+{
+    let kafka = testkit::kafka().await;
+    let (url, pool) = orders_database("half-crash").await?;
+    let topic = testkit::unique_name("half-crash-orders");
+    kafka.create_topic(&topic, 3).await?;
+    let mut config = HalfConfig::new(kafka.bootstrap_servers(), testkit::unique_name("crashing"));
+    config.check_after = Duration::from_secs(2);
+
+    // Sender `c` crashes after the local transaction of c-4 (committed), sender `r`
+    // after that of r-3 (rolled back): each resolved the orders before it itself.
+    for (prefix, failpoint) in [("c", "4*off->return"), ("r", "3*off->return")] {
+        let output = Command::new(env!("CARGO_BIN_EXE_half_sender"))
+            .env("HALF_BROKERS", kafka.bootstrap_servers())
+            .env("HALF_NAME", &config.name)
+            .env("HALF_TOPIC", &topic)
+            .env("HALF_DATABASE", &url)
+            .env("HALF_PREFIX", prefix)
+            .env("HALF_ORDERS", "10")
+            .env(
+                "FAILPOINTS",
+                format!("onceflow-half-after-local={failpoint}"),
+            )
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "onceflow=warn".into()),
+            )
+            .output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains("failpoint onceflow-half-after-local hit"),
+            "sender {prefix} did not crash where it should: {}\n{stderr}",
+            output.status
+        );
+    }
+    // The crash came after the local transactions: c-4's row exists, r-3's does not.
+    let rows: Vec<String> = sqlx::query_scalar("SELECT id FROM orders ORDER BY id")
+        .fetch_all(&pool)
+        .await?;
+    assert_eq!(rows, ["c-0", "c-2", "c-4", "r-0", "r-2"]);
+    let before = kafka.read_to_end(&topic, Isolation::ReadCommitted).await?;
+    assert_eq!(
+        before.len(),
+        4,
+        "c-0, c-2, r-0, r-2 published by their senders"
+    );
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let checker = tokio::spawn(half::check_back(
+        config.clone(),
+        Orders {
+            pool: pool.clone(),
+            stuck: String::new(),
+        },
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    // Until both crashed halves are resolved: their last record on the half topic is a
+    // tombstone (c-4's written with its publication, r-3's as its removal).
+    let resolved = async {
+        let deadline = std::time::Instant::now() + WITHIN;
+        loop {
+            let halves = kafka
+                .read_to_end(&config.half_topic(), Isolation::ReadCommitted)
+                .await?;
+            let last_is_tombstone = |id: &[u8]| {
+                halves
+                    .iter()
+                    .rev()
+                    .find(|r| r.key.as_deref() == Some(id))
+                    .is_some_and(|r| r.value.is_none())
+            };
+            if last_is_tombstone(b"c-4") && last_is_tombstone(b"r-3") {
+                return Ok::<(), Box<dyn std::error::Error>>(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err("the crashed senders' halves were not resolved".into());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    let waited = resolved.await;
+    let _ = stop.send(());
+    let stats = checker.await??;
+    waited?;
+    let ids = published_ids(kafka, &topic).await?;
+    let distinct: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(
+        ids.len(),
+        distinct.len(),
+        "a half message published twice: {ids:?}"
+    );
+    assert_eq!(
+        distinct,
+        BTreeSet::from(["c-0", "c-2", "c-4", "r-0", "r-2"]),
+        "exactly the committed orders"
+    );
+    assert_eq!(
+        stats.committed, 1,
+        "c-4 published by the check-back: {stats:?}"
+    );
+    assert_eq!(
+        stats.rolled_back, 1,
+        "r-3 removed by the check-back: {stats:?}"
+    );
+    assert_eq!(stats.unresolved, 0, "{stats:?}");
     Ok(())
 }

@@ -32,13 +32,7 @@ struct Order {
 
 /// A fresh database on the test server, with the outbox and an `orders` table.
 async fn database(name: &str) -> Result<(String, PgPool), Box<dyn std::error::Error>> {
-    let server = testkit::postgres().await;
-    let admin = PgPool::connect(server.url()).await?;
-    let database = testkit::unique_name(name).replace('-', "_");
-    sqlx::query(&format!("CREATE DATABASE {database}"))
-        .execute(&admin)
-        .await?;
-    let url = server.database_url(&database);
+    let url = testkit::postgres().await.create_database(name).await?;
     let pool = PgPoolOptions::new()
         .max_connections(12)
         .connect(&url)

@@ -299,7 +299,6 @@ async fn serve<P: Processor, E: Effect>(
                     &settings.engine,
                     &settings.engine.instance_id,
                 )?;
-                wait_for_effects_topic(&config).await?;
                 crate::effects::executor(config, effect, settings.effect_results.as_deref()).await
             };
             match started.await {
@@ -379,44 +378,6 @@ async fn serve<P: Processor, E: Effect>(
         }
     }
     code
-}
-
-/// How long an executor started before its processor waits for the effects topic.
-const EFFECTS_TOPIC_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
-
-/// Waits for the executor's input, the effects topic the processor creates at its first
-/// start, so the two roles can be started in any order; bounded, with progress logged.
-async fn wait_for_effects_topic(config: &crate::EngineConfig) -> crate::Result<()> {
-    let options = crate::kafka::ClientOptions::with_properties(
-        &config.bootstrap_servers,
-        &config.kafka_properties,
-    );
-    let started = std::time::Instant::now();
-    let mut logged = false;
-    loop {
-        let timeout = std::time::Duration::from_secs(10);
-        if crate::kafka::partition_count(&options, &config.input_topic, timeout)
-            .await?
-            .is_some()
-        {
-            return Ok(());
-        }
-        if started.elapsed() > EFFECTS_TOPIC_WAIT {
-            return Err(Error::Config {
-                key: "effects_topic".into(),
-                value: config.input_topic.clone(),
-                accepted: format!(
-                    "a topic that exists: none after {EFFECTS_TOPIC_WAIT:?}; it is created by the \
-                     processor's first start (role processor or all)"
-                ),
-            });
-        }
-        if !logged {
-            tracing::info!(topic = %config.input_topic, "waiting for the effects topic (the processor creates it at its first start)");
-            logged = true;
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
 }
 
 /// First SIGINT or SIGTERM: every engine of the process finishes and commits its open

@@ -31,6 +31,23 @@ impl Postgres {
         &self.url
     }
 
+    /// Creates a database of its own for a test, named `<prefix>_<unique>`, and returns its
+    /// URL (feature `outbox`, which brings the PostgreSQL client).
+    #[cfg(feature = "outbox")]
+    pub async fn create_database(&self, prefix: &str) -> Result<String> {
+        use sqlx::Connection;
+        let name = super::unique_name(prefix).replace('-', "_");
+        let mut admin = sqlx::PgConnection::connect(&self.url)
+            .await
+            .map_err(crate::outbox::db_error)?;
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .map_err(crate::outbox::db_error)?;
+        let _ = admin.close().await;
+        Ok(self.database_url(&name))
+    }
+
     /// The URL of database `database` on the same server.
     pub fn database_url(&self, database: &str) -> String {
         match self.url.rsplit_once('/') {
