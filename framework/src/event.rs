@@ -21,7 +21,8 @@ pub trait Event {
         None
     }
 
-    /// The event's key (for logs), if it has one.
+    /// The event's key, if it has one: what [`crate::Context::emit_event`] keys the
+    /// record with (so one key's events stay on one partition, in order).
     fn key(&self) -> Option<String> {
         None
     }

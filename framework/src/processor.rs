@@ -283,6 +283,37 @@ impl Context<'_> {
         self.emit_bytes(topic, Some(key.as_bytes().to_vec()), value)
     }
 
+    /// Emits `event` (as JSON) to `topic`, keyed by its own key ([`Event::key`]: the
+    /// `#[event(key)]` field of `#[derive(Event)]`), so the key is said once, where the
+    /// type is defined. An event without a key is emitted without one (the producer
+    /// spreads such records over the partitions; use [`Context::emit`] to give one).
+    ///
+    /// ```
+    /// # use onceflow::{Context, Event, Result};
+    /// #[derive(Event, serde::Serialize)]
+    /// struct Reserved {
+    ///     #[event(id)]
+    ///     order: String,
+    ///     #[event(key)]
+    ///     customer: String,
+    /// }
+    /// fn reserve(ctx: &mut Context<'_>, order: String, customer: String) -> Result<()> {
+    ///     ctx.emit_event("reserved-orders", &Reserved { order, customer }) // keyed by customer
+    /// }
+    /// ```
+    pub fn emit_event<V: Serialize + Event + ?Sized>(
+        &mut self,
+        topic: impl AsRef<str>,
+        event: &V,
+    ) -> Result<()> {
+        let topic = topic.as_ref();
+        let value = Json.encode(event).map_err(|message| Error::Encode {
+            what: format!("a record for `{topic}`"),
+            message,
+        })?;
+        self.emit_bytes(topic, event.key().map(String::into_bytes), value)
+    }
+
     /// Emits raw bytes to `topic`, one of the declared outputs.
     pub fn emit_bytes(
         &mut self,

@@ -108,7 +108,8 @@ impl Inventory {
             quantity: order.quantity,
             stock_left,
         };
-        ctx.emit(Self::RESERVED_ORDERS, &reserved.customer, &reserved)
+        // Keyed by its `#[event(key)]`, the customer: the points processor's partitions.
+        ctx.emit_event(Self::RESERVED_ORDERS, &reserved)
     }
 }
 

@@ -39,6 +39,26 @@ impl Event for In {
     fn event_id(&self) -> Option<String> {
         self.id.clone()
     }
+
+    fn key(&self) -> Option<String> {
+        Some(self.key.clone()).filter(|key| !key.is_empty())
+    }
+}
+
+/// Emits each input as it came, keyed by the event's own key.
+struct Forward;
+
+#[async_trait::async_trait]
+impl Processor for Forward {
+    type Input = In;
+
+    fn name(&self) -> &str {
+        "forward"
+    }
+
+    async fn process(&mut self, input: In, ctx: &mut Context<'_>) -> Result<()> {
+        ctx.emit_event(OUT, &input)
+    }
 }
 
 /// Emits each key's running sum.
@@ -583,4 +603,28 @@ async fn an_output_carries_the_headers_and_timestamp_the_processor_gives_it() {
         "the big one was not output"
     );
     assert_eq!(rig.kafka.committed(DLQ).len(), 1, "it was dead-lettered");
+}
+
+#[tokio::test]
+async fn an_emitted_event_is_keyed_by_its_own_key() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    let keyless = In {
+        id: Some("b".into()),
+        ..In::default()
+    };
+    rig.batch()
+        .run(&mut Forward, vec![amount(0, "a", 1), record(1, keyless)])
+        .await
+        .expect("batch");
+    let keys: Vec<Option<Vec<u8>>> = rig
+        .kafka
+        .committed(OUT)
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(
+        keys,
+        [Some(b"k".to_vec()), None],
+        "the event's key, or none"
+    );
 }
