@@ -265,6 +265,14 @@ impl std::fmt::Display for Topic {
     }
 }
 
+/// `value` as JSON for a record of `topic`.
+fn encoded<V: Serialize + ?Sized>(topic: &str, value: &V) -> Result<Vec<u8>> {
+    Json.encode(value).map_err(|message| Error::Encode {
+        what: format!("a record for `{topic}`"),
+        message,
+    })
+}
+
 impl Context<'_> {
     /// Emits `value` (as JSON) with `key` to `topic`, one of the declared outputs: a
     /// [`Topic`] constant of the processor (`Self::INVOICES`) or a topic name. A declared
@@ -276,10 +284,7 @@ impl Context<'_> {
         value: &V,
     ) -> Result<()> {
         let topic = topic.as_ref();
-        let value = Json.encode(value).map_err(|message| Error::Encode {
-            what: format!("a record for `{topic}`"),
-            message,
-        })?;
+        let value = encoded(topic, value)?;
         self.emit_bytes(topic, Some(key.as_bytes().to_vec()), value)
     }
 
@@ -307,10 +312,7 @@ impl Context<'_> {
         event: &V,
     ) -> Result<()> {
         let topic = topic.as_ref();
-        let value = Json.encode(event).map_err(|message| Error::Encode {
-            what: format!("a record for `{topic}`"),
-            message,
-        })?;
+        let value = encoded(topic, event)?;
         self.emit_bytes(topic, event.key().map(String::into_bytes), value)
     }
 
