@@ -116,7 +116,7 @@ impl Broker {
                 let container = find(&guard, &id)
                     .ok_or_else(|| Error::Broker(format!("{what}: the container is gone")))?;
                 let result = if paused {
-                    container.pause().await
+                    super::pause_with_retries(|| container.pause(), || container.unpause()).await
                 } else {
                     container.unpause().await
                 };

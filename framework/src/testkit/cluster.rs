@@ -331,7 +331,11 @@ impl Cluster {
     pub async fn pause(&self, id: i32) -> Result<()> {
         let container = self.container(id)?;
         docker("pause", move |docker| async move {
-            docker.pause_container(&container).await
+            super::pause_with_retries(
+                || docker.pause_container(&container),
+                || docker.unpause_container(&container),
+            )
+            .await
         })
         .await
     }
