@@ -174,7 +174,11 @@ pub(super) fn classify_code(code: RDKafkaErrorCode) -> ErrorClass {
         | C::UnknownLeaderEpoch
         | C::KafkaStorageError
         | C::PreferredLeaderNotAvailable
-        | C::ReplicaNotAvailable => ErrorClass::Retriable,
+        | C::ReplicaNotAvailable
+        // A request on a broker handle librdkafka decommissioned (a broker gone from
+        // the metadata): the next call picks another. Seen on the cluster: a replay's
+        // high-watermark read while a node was cut off its peers stopped the instance.
+        | C::DestroyBroker => ErrorClass::Retriable,
         _ => ErrorClass::Other,
     }
 }
@@ -254,6 +258,7 @@ mod tests {
             RDKafkaErrorCode::OffsetNotAvailable,
             RDKafkaErrorCode::FencedLeaderEpoch,
             RDKafkaErrorCode::UnknownLeaderEpoch,
+            RDKafkaErrorCode::DestroyBroker,
         ] {
             let error = known_topic_error(
                 "replay `t-txlog` [3]: high watermark",
