@@ -42,7 +42,7 @@ pub(crate) async fn order_service(args: Vec<OsString>) -> ExitCode {
     };
     let schema = "CREATE TABLE IF NOT EXISTS shop_orders (
         id text PRIMARY KEY, customer text NOT NULL, item text NOT NULL,
-        quantity integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now())";
+        quantity bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())";
     if let Err(error) = install(&pool, schema).await {
         eprintln!("error: {error}");
         return ExitCode::FAILURE;
@@ -85,7 +85,7 @@ async fn store_order(pool: &PgPool, order: &Order) -> onceflow::Result<bool> {
     .bind(&order.id)
     .bind(&order.customer)
     .bind(&order.item)
-    .bind(i64::from(order.quantity) as i32)
+    .bind(i64::from(order.quantity))
     .execute(&mut *tx)
     .await
     .map_err(outbox::db_error)?
@@ -113,6 +113,9 @@ struct RelayArgs {
     /// Relays of one name share the work: one is active, the others stand by.
     #[arg(long, default_value = "shop")]
     name: String,
+    /// A librdkafka property for the relay's clients (security), KEY=VALUE; repeatable.
+    #[arg(long = "kafka", value_name = "KEY=VALUE")]
+    kafka: Vec<String>,
 }
 
 /// The outbox relay until SIGTERM or SIGINT.
@@ -128,13 +131,17 @@ pub(crate) async fn relay(args: Vec<OsString>) -> ExitCode {
         eprintln!("error: {error}");
         return ExitCode::FAILURE;
     }
-    match outbox::relay(
-        pool,
-        RelayConfig::new(args.brokers, args.name),
-        stop_signal(),
-    )
-    .await
-    {
+    let mut config = RelayConfig::new(args.brokers, args.name);
+    for pair in &args.kafka {
+        match pair.split_once('=') {
+            Some((key, value)) => config.kafka_properties.push((key.into(), value.into())),
+            None => {
+                eprintln!("error: --kafka {pair}: expected KEY=VALUE");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    match outbox::relay(pool, config, stop_signal()).await {
         Ok(stats) => {
             tracing::info!(?stats, "relay stopped");
             ExitCode::SUCCESS
@@ -170,7 +177,7 @@ pub(crate) async fn warehouse(args: Vec<OsString>) -> ExitCode {
     };
     let schema = "CREATE TABLE IF NOT EXISTS shop_shipments (
             idempotency_key text PRIMARY KEY, order_id text NOT NULL, customer text NOT NULL,
-            item text NOT NULL, quantity integer NOT NULL);
+            item text NOT NULL, quantity bigint NOT NULL);
         CREATE TABLE IF NOT EXISTS shop_shipment_requests (
             id bigserial PRIMARY KEY, idempotency_key text NOT NULL)";
     if let Err(error) = install(&pool, schema).await {
@@ -210,7 +217,7 @@ async fn ship(
         .bind(&shipment.order)
         .bind(&shipment.customer)
         .bind(&shipment.item)
-        .bind(i64::from(shipment.quantity) as i32)
+        .bind(i64::from(shipment.quantity))
         .execute(&mut *tx)
         .await?
         .rows_affected()
@@ -249,7 +256,7 @@ async fn shipments(State(pool): State<PgPool>) -> (StatusCode, Json<serde_json::
                 "order": row.try_get::<String, _>(1)?,
                 "customer": row.try_get::<String, _>(2)?,
                 "item": row.try_get::<String, _>(3)?,
-                "quantity": row.try_get::<i32, _>(4)?,
+                "quantity": row.try_get::<i64, _>(4)?,
             }));
         }
         Ok::<_, sqlx::Error>(json!({"requests": requests, "shipments": shipped}))
