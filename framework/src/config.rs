@@ -132,6 +132,8 @@ pub struct EngineConfig {
     /// The topic [`crate::Context::effect`] writes effect intents to, in the batch's
     /// transaction; `None` (the default): effects are off. See [`crate::effects`].
     pub effects_topic: Option<String>,
+    /// The wall clock of dedup entries: the system's, or a test driver's.
+    pub(crate) clock: crate::clock::Clock,
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -207,6 +209,7 @@ impl EngineConfig {
             max_attempts: 5,
             max_retry_time: Duration::from_secs(10),
             effects_topic: None,
+            clock: crate::clock::Clock::System,
         }
     }
 

@@ -18,6 +18,8 @@
 //!   transaction committed, with a check-back when the sender died in between;
 //! - `outbox` (feature `outbox`): a service's PostgreSQL rows and its Kafka messages in
 //!   one database transaction, published once by a relay;
+//! - [`testing`] (feature `testing`): a processor tested in milliseconds without a
+//!   broker, by the engine's own code over an in-memory log with transactions;
 //! - [`testkit`] (feature `testkit`): a real Apache Kafka broker for tests, started with
 //!   testcontainers, and helpers to create topics, produce, read a topic to its end under
 //!   `read_committed` or `read_uncommitted`, and read a group's committed offsets.
@@ -28,6 +30,7 @@
 
 #[cfg(feature = "bench-internals")]
 mod bench;
+mod clock;
 mod config;
 mod dlq;
 pub mod effects;
@@ -44,6 +47,8 @@ mod redact;
 mod runner;
 mod txlog;
 
+#[cfg(feature = "testing")]
+pub mod testing;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 

@@ -42,7 +42,7 @@ pub struct Summed {
 /// Emits one [`Summed`] per [`Amount`], keeping each key's sum in state. A negative
 /// amount is refused (a processing error: the record is dead-lettered, the sum
 /// untouched), so the fault tests can check their dead letters too.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Sum {
     output: String,
     charging: bool,

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::crash_point;
@@ -46,7 +46,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     ) -> Result<()> {
         let config = self.config;
         self.open(&records).await?;
-        let mut part = Part::new(self.txlog, config.dedup_window)?;
+        let mut part = Part::new(self.txlog, config)?;
         let mut first = 0;
         let mut index = 0;
         let mut retry = Retry::new(config);
@@ -88,7 +88,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                         self.commit(&records[first..index], part)
                             .await
                             .map_err(|e| timed_out(e, begun))?;
-                        part = Part::new(self.txlog, config.dedup_window)?;
+                        part = Part::new(self.txlog, config)?;
                         first = index;
                         self.producer.begin()?;
                         begun = std::time::Instant::now();
@@ -101,7 +101,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                     } else {
                         self.commit(done, part).await?;
                         // After the apply: the new part reads what this one committed.
-                        part = Part::new(self.txlog, config.dedup_window)?;
+                        part = Part::new(self.txlog, config)?;
                     }
                     first = index;
                     tracing::debug!(
@@ -133,7 +133,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     ) -> Result<()> {
         let config = self.config;
         self.open(std::slice::from_ref(record)).await?;
-        let mut part = Part::new(self.txlog, config.dedup_window)?;
+        let mut part = Part::new(self.txlog, config)?;
         let now_ms = part.now_ms;
         self.fail(record, class, error, 1, &mut part.failed, now_ms)
             .await?;
@@ -189,7 +189,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         if event_id.is_none() {
             self.count_without_id(record, part);
         }
-        crash_point!("onceflow-after-process");
+        crash_point!(await "onceflow-after-process");
         merge(&mut part.overlay, writes);
         for output in outputs {
             let headers: Vec<(&str, Option<&[u8]>)> = output
@@ -210,7 +210,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                     .await?,
             );
         }
-        crash_point!("onceflow-after-produce");
+        crash_point!(await "onceflow-after-produce");
         if let Some(id) = event_id {
             part.overlay
                 .mark_processed(record.partition, id, record.offset, now_ms);
@@ -266,9 +266,9 @@ pub(super) struct Part<'a, P> {
 }
 
 impl<'a, P> Part<'a, P> {
-    fn new(txlog: &'a TxLog, dedup_window: Duration) -> Result<Self> {
-        let now_ms = now_ms();
-        let window_ms = i64::try_from(dedup_window.as_millis()).unwrap_or(i64::MAX);
+    fn new(txlog: &'a TxLog, config: &EngineConfig) -> Result<Self> {
+        let now_ms = config.clock.now_ms();
+        let window_ms = i64::try_from(config.dedup_window.as_millis()).unwrap_or(i64::MAX);
         Ok(Part {
             snapshot: txlog.snapshot()?,
             overlay: Overlay::new(),
@@ -307,11 +307,4 @@ fn merge(batch: &mut Overlay, writes: Vec<(i32, Vec<Change>)>) {
             }
         }
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

@@ -99,7 +99,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             }
         }
 
-        crash_point!("onceflow-before-send-offsets");
+        crash_point!(await "onceflow-before-send-offsets");
         // An abortable failure on demand, for the tests of the abort-and-go-on path.
         #[cfg(feature = "failpoints")]
         if fail::eval("onceflow-fail-batch", |_| ()).is_some() {
@@ -130,14 +130,14 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                 self.producer
                     .send_offsets(self.consumer, &config.input_topic, next_offsets.clone())
                     .await?;
-                crash_point!("onceflow-before-commit");
+                crash_point!(await "onceflow-before-commit");
                 self.producer.commit().await?;
                 await_changelog(pending_changelog).await?;
             }
             DeliveryMode::AtLeastOnce => {
                 self.producer.flush().await?;
                 await_changelog(pending_changelog).await?;
-                crash_point!("onceflow-before-commit");
+                crash_point!(await "onceflow-before-commit");
                 self.consumer.commit(next_offsets.clone()).await?;
             }
             DeliveryMode::AtMostOnce => {
@@ -145,7 +145,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                 await_changelog(pending_changelog).await?;
             }
         }
-        crash_point!("onceflow-after-commit-before-apply");
+        crash_point!(await "onceflow-after-commit-before-apply");
         metrics::histogram!("onceflow_commit_seconds").record(committing.elapsed().as_secs_f64());
 
         let expired: u64 = changes

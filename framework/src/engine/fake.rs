@@ -3,6 +3,12 @@
 //! apart until it commits (an abort drops it), and fails the call a test names with the
 //! error it gives, or applies it and then fails (an outcome the caller cannot know).
 //! Clones share one cluster: a renewed producer is a clone.
+//!
+//! The test driver (`onceflow::testing`, feature `testing`) runs the engine's loop over
+//! it: the consumer polls the input topic from its positions (committed records only, as
+//! `read_committed`), keyed records go where librdkafka's default partitioner puts them,
+//! and [`MemoryReplay`] replays the changelog the batches wrote into the transaction log.
+#![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -13,7 +19,8 @@ use crate::config::EngineConfig;
 use crate::engine::recover::Resync;
 use crate::engine::seams::{Landing, Outgoing, Renew, Restore, Sink, Source};
 use crate::engine::stats::Stats;
-use crate::kafka::{Polled, Rebalanced};
+use crate::kafka::{Polled, Rebalanced, Record};
+use crate::txlog::{Change, TxLog};
 use crate::{Error, Result};
 
 /// One call the engine made.
@@ -72,6 +79,19 @@ pub(crate) struct Stored {
 }
 
 impl Stored {
+    /// The record as a consumer reads it.
+    pub(crate) fn to_record(&self) -> Record {
+        Record {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            offset: self.offset,
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers: self.headers.clone(),
+            timestamp_ms: self.timestamp_ms,
+        }
+    }
+
     /// The value of header `name`, as text.
     pub(crate) fn header(&self, name: &str) -> Option<String> {
         self.headers
@@ -123,9 +143,45 @@ struct Inner {
     fatal: Option<(MakeError, tokio::time::Instant)>,
     /// How long a replay takes.
     restore_takes: Duration,
+    /// The topic the consumer polls (none: polls return only rebalances).
+    input: Option<String>,
+    /// The consumer's next offset per partition of the input.
+    positions: BTreeMap<i32, i64>,
+    /// Rebalances the next poll serves.
+    rebalances: Vec<Rebalanced>,
+    /// Partitions per topic (a topic not named here has one).
+    partitions: BTreeMap<String, i32>,
+    /// The next partition of a record without a key, per topic.
+    round_robin: BTreeMap<String, i32>,
+    /// Calls are not recorded (a driver's long runs).
+    quiet: bool,
+    /// Triggered by a poll that finds nothing.
+    on_idle: Option<crate::engine::Shutdown>,
 }
 
 impl Inner {
+    fn call(&mut self, call: Call) {
+        if !self.quiet {
+            self.calls.push(call);
+        }
+    }
+
+    /// Where the producer puts a record without an explicit partition: librdkafka's
+    /// default partitioner (`consistent_random`: the CRC-32 of a key, and any partition
+    /// for an empty or missing one; here the next in turn).
+    fn partition_for(&mut self, topic: &str, key: Option<&[u8]>) -> i32 {
+        let count = self.partitions.get(topic).copied().unwrap_or(1).max(1);
+        match key.filter(|key| !key.is_empty()) {
+            Some(key) => (crc32fast::hash(key) % count.unsigned_abs()) as i32,
+            None => {
+                let next = self.round_robin.entry(topic.to_owned()).or_default();
+                let partition = *next % count;
+                *next = (*next + 1) % count;
+                partition
+            }
+        }
+    }
+
     fn fault(&mut self, kind: Kind, topic: Option<&str>) -> Result<()> {
         match self.fault_after(kind, topic) {
             Some((error, false)) => Err(error),
@@ -258,7 +314,7 @@ impl FakeKafka {
     }
 
     /// Recovery's surroundings, with this fake replaying and renewing.
-    pub(crate) fn resync<'a>(
+    pub(super) fn resync<'a>(
         &self,
         config: &'a EngineConfig,
         stats: &'a Arc<Stats>,
@@ -272,6 +328,79 @@ impl FakeKafka {
             fences: Mutex::default(),
             producer_fenced: std::sync::atomic::AtomicBool::default(),
         }
+    }
+
+    /// The consumer polls `topic`, of `partitions` partitions, all assigned to it at the
+    /// next poll; calls are no longer recorded; `idle` is triggered by a poll that finds
+    /// nothing. For the test driver.
+    pub(crate) fn serve_input(&self, topic: &str, partitions: i32, idle: crate::engine::Shutdown) {
+        let mut inner = self.inner();
+        inner.input = Some(topic.to_owned());
+        inner.partitions.insert(topic.to_owned(), partitions);
+        inner.quiet = true;
+        inner.on_idle = Some(idle);
+    }
+
+    /// `topic` has `partitions` partitions.
+    pub(crate) fn set_partitions(&self, topic: &str, partitions: i32) {
+        self.inner().partitions.insert(topic.to_owned(), partitions);
+    }
+
+    /// Partitions of `topic`.
+    pub(crate) fn partitions(&self, topic: &str) -> i32 {
+        self.inner().partitions.get(topic).copied().unwrap_or(1)
+    }
+
+    /// A new consumer joins: it holds nothing until the next poll assigns it partitions
+    /// `0..partitions` of the input (from the committed offsets). What a start does.
+    pub(crate) fn rejoin(&self, partitions: i32) {
+        let mut inner = self.inner();
+        inner.assigned.clear();
+        inner.positions.clear();
+        inner.rebalances = vec![Rebalanced::Assigned((0..partitions).collect())];
+    }
+
+    /// Writes a record outside any transaction, as a plain producer does (the input's
+    /// upstream): where it landed.
+    pub(crate) fn produce(&self, record: Stored) -> (i32, i64) {
+        let mut inner = self.inner();
+        let partition = if record.partition >= 0 {
+            record.partition
+        } else {
+            inner.partition_for(&record.topic, record.key.as_deref())
+        };
+        let next = inner
+            .next_offset
+            .entry((record.topic.clone(), partition))
+            .or_default();
+        let offset = *next;
+        *next += 1;
+        inner.committed.push(Stored {
+            partition,
+            offset,
+            ..record
+        });
+        (partition, offset)
+    }
+
+    /// What a `read_uncommitted` reader of `topic` sees beyond the committed records:
+    /// the open transaction's.
+    pub(crate) fn open_records(&self, topic: &str) -> Vec<Stored> {
+        self.inner()
+            .open
+            .iter()
+            .filter(|r| r.topic == topic)
+            .cloned()
+            .collect()
+    }
+
+    /// The offset after the last record (or marker) of `topic`'s `partition`.
+    pub(crate) fn end_offset(&self, topic: &str, partition: i32) -> i64 {
+        self.inner()
+            .next_offset
+            .get(&(topic.to_owned(), partition))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Forgets the calls so far.
@@ -301,9 +430,72 @@ impl FakeKafka {
 }
 
 impl Source for FakeKafka {
+    /// Serves the rebalances due (an assigned partition's position starts at its
+    /// committed offset), then up to `max_records` committed records of the input from
+    /// the positions, partition by partition. A poll that finds nothing triggers the
+    /// idle handle, if there is one.
+    fn poll(
+        &self,
+        max_records: usize,
+        _max_wait: Duration,
+    ) -> impl Future<Output = Result<Polled>> + Send {
+        let mut inner = self.inner();
+        let rebalances = std::mem::take(&mut inner.rebalances);
+        for event in &rebalances {
+            match event {
+                Rebalanced::Assigned(partitions) => {
+                    for partition in partitions {
+                        let from = inner.committed_offsets.get(partition).copied().unwrap_or(0);
+                        inner.positions.insert(*partition, from);
+                        if !inner.assigned.contains(partition) {
+                            inner.assigned.push(*partition);
+                        }
+                    }
+                    inner.assigned.sort_unstable();
+                }
+                Rebalanced::Revoked(partitions) => {
+                    inner.assigned.retain(|p| !partitions.contains(p));
+                    for partition in partitions {
+                        inner.positions.remove(partition);
+                    }
+                }
+            }
+        }
+        let mut records = Vec::new();
+        if let Some(input) = inner.input.clone() {
+            for partition in inner.assigned.clone() {
+                let from = inner.positions.get(&partition).copied().unwrap_or(0);
+                let taken: Vec<Record> = inner
+                    .committed
+                    .iter()
+                    .filter(|r| r.topic == input && r.partition == partition && r.offset >= from)
+                    .take(max_records - records.len())
+                    .map(Stored::to_record)
+                    .collect();
+                if let Some(last) = taken.last() {
+                    inner.positions.insert(partition, last.offset + 1);
+                }
+                records.extend(taken);
+                if records.len() >= max_records {
+                    break;
+                }
+            }
+        }
+        if records.is_empty()
+            && rebalances.is_empty()
+            && let Some(idle) = &inner.on_idle
+        {
+            idle.trigger();
+        }
+        std::future::ready(Ok(Polled {
+            records,
+            rebalances,
+        }))
+    }
+
     fn commit(&self, offsets: Vec<(i32, i64)>) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
-        inner.calls.push(Call::ConsumerCommit(offsets.clone()));
+        inner.call(Call::ConsumerCommit(offsets.clone()));
         let result = inner.fault(Kind::ConsumerCommit, None).map(|()| {
             inner.committed_offsets.extend(offsets);
         });
@@ -315,7 +507,7 @@ impl Source for FakeKafka {
         partitions: Vec<i32>,
     ) -> impl Future<Output = Result<Vec<(i32, Option<i64>)>>> + Send {
         let mut inner = self.inner();
-        inner.calls.push(Call::Committed(partitions.clone()));
+        inner.call(Call::Committed(partitions.clone()));
         let result = inner.fault(Kind::Committed, None).map(|()| {
             partitions
                 .iter()
@@ -327,8 +519,13 @@ impl Source for FakeKafka {
 
     fn seek(&self, positions: Vec<(i32, Option<i64>)>) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
-        inner.calls.push(Call::Seek(positions));
-        std::future::ready(inner.fault(Kind::Seek, None))
+        inner.call(Call::Seek(positions.clone()));
+        let result = inner.fault(Kind::Seek, None).map(|()| {
+            for (partition, offset) in positions {
+                inner.positions.insert(partition, offset.unwrap_or(0));
+            }
+        });
+        std::future::ready(result)
     }
 
     fn assigned(&self) -> impl Future<Output = Result<Vec<i32>>> + Send {
@@ -342,7 +539,7 @@ impl Source for FakeKafka {
     }
 
     fn hold(&self) -> impl Future<Output = Result<()>> + Send {
-        self.inner().calls.push(Call::Hold);
+        self.inner().call(Call::Hold);
         std::future::ready(Ok(()))
     }
 
@@ -356,7 +553,7 @@ impl Source for FakeKafka {
     }
 
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
-        self.inner().calls.push(Call::Release);
+        self.inner().call(Call::Release);
         std::future::ready(Ok(()))
     }
 }
@@ -369,7 +566,7 @@ impl Restore for FakeKafka {
     ) -> impl Future<Output = Result<()>> + Send {
         let (result, takes) = {
             let mut inner = self.inner();
-            inner.calls.push(Call::Restore(partition, committed));
+            inner.call(Call::Restore(partition, committed));
             (inner.fault(Kind::Restore, None), inner.restore_takes)
         };
         async move {
@@ -382,9 +579,13 @@ impl Restore for FakeKafka {
 impl Renew<FakeKafka> for FakeKafka {
     fn renew(&self) -> impl Future<Output = Result<FakeKafka>> + Send {
         let mut inner = self.inner();
-        inner.calls.push(Call::Renew);
+        inner.call(Call::Renew);
         // A new producer aborts what its predecessor left open.
         let result = inner.fault(Kind::Renew, None).map(|()| {
+            if inner.in_transaction || !inner.open.is_empty() {
+                // Its abort marker, in each partition the transaction wrote.
+                inner.mark();
+            }
             inner.open.clear();
             inner.open_offsets.clear();
             inner.in_transaction = false;
@@ -399,7 +600,7 @@ impl Sink<FakeKafka> for FakeKafka {
 
     fn begin(&self) -> Result<()> {
         let mut inner = self.inner();
-        inner.calls.push(Call::Begin);
+        inner.call(Call::Begin);
         inner.fault(Kind::Begin, None)?;
         assert!(!inner.in_transaction, "begin inside an open transaction");
         inner.in_transaction = true;
@@ -408,12 +609,14 @@ impl Sink<FakeKafka> for FakeKafka {
 
     fn send(&self, record: Outgoing<'_>) -> impl Future<Output = Result<FakePending>> + Send {
         let mut inner = self.inner();
-        inner.calls.push(Call::Send {
+        inner.call(Call::Send {
             topic: record.topic.to_owned(),
             partition: record.partition,
         });
         let result = inner.fault(Kind::Send, Some(record.topic)).map(|()| {
-            let partition = record.partition.unwrap_or(0);
+            let partition = record
+                .partition
+                .unwrap_or_else(|| inner.partition_for(record.topic, record.key));
             let next = inner
                 .next_offset
                 .entry((record.topic.to_owned(), partition))
@@ -456,7 +659,7 @@ impl Sink<FakeKafka> for FakeKafka {
         offsets: Vec<(i32, i64)>,
     ) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
-        inner.calls.push(Call::SendOffsets(offsets.clone()));
+        inner.call(Call::SendOffsets(offsets.clone()));
         let result = inner.fault(Kind::SendOffsets, None).map(|()| {
             inner.open_offsets.extend(offsets);
         });
@@ -465,7 +668,7 @@ impl Sink<FakeKafka> for FakeKafka {
 
     fn commit(&self) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
-        inner.calls.push(Call::Commit);
+        inner.call(Call::Commit);
         let fault = inner.fault_after(Kind::Commit, None);
         let result = match fault {
             Some((error, false)) => Err(error),
@@ -484,7 +687,7 @@ impl Sink<FakeKafka> for FakeKafka {
 
     fn abort(&self) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
-        inner.calls.push(Call::Abort);
+        inner.call(Call::Abort);
         let result = inner.fault(Kind::Abort, None).map(|()| {
             inner.mark();
             inner.open.clear();
@@ -496,7 +699,75 @@ impl Sink<FakeKafka> for FakeKafka {
 
     fn flush(&self) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
-        inner.calls.push(Call::Flush);
+        inner.call(Call::Flush);
         std::future::ready(inner.fault(Kind::Flush, None))
+    }
+}
+
+/// Changelog records applied to the transaction log per write while replaying (the
+/// engine's replay reads in chunks too; a crash during replay falls between two).
+const REPLAY_CHUNK: usize = 64;
+
+/// The changelog's replay from the fake into a real transaction log: the engine's
+/// `changelog::replay` without the Kafka reads. From the partition's checkpoint, every
+/// committed changelog record, decoded as the engine decodes them, applied with the
+/// offset after it as the new checkpoint; then the checkpoint moves past the markers.
+pub(crate) struct MemoryReplay<'a> {
+    pub(crate) kafka: &'a FakeKafka,
+    pub(crate) changelog: &'a str,
+    pub(crate) txlog: &'a Arc<TxLog>,
+    pub(crate) stats: &'a Arc<Stats>,
+}
+
+impl Restore for MemoryReplay<'_> {
+    async fn restore(&self, partition: i32, committed: Option<i64>) -> Result<()> {
+        let from = self.txlog.checkpoint(partition)?.unwrap_or(0);
+        let records: Vec<Stored> = self
+            .kafka
+            .committed(self.changelog)
+            .into_iter()
+            .filter(|r| r.partition == partition && r.offset >= from)
+            .collect();
+        let chunks = records.chunks(REPLAY_CHUNK).count();
+        for (index, chunk) in records.chunks(REPLAY_CHUNK).enumerate() {
+            let changes = chunk
+                .iter()
+                .map(|r| {
+                    Change::decode(
+                        r.key.as_deref().unwrap_or_default(),
+                        r.value.as_deref(),
+                        &format!(
+                            "changelog record {}/{partition}@{}",
+                            self.changelog, r.offset
+                        ),
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let last = chunk.last().map_or(from, |r| r.offset);
+            self.txlog.apply(&[(partition, changes, Some(last + 1))])?;
+            Stats::add(&self.stats.replayed_records, chunk.len() as u64);
+            #[cfg(feature = "testing")]
+            if index + 1 < chunks && crate::engine::crash::due("onceflow-during-replay") {
+                crate::engine::crash::hang().await;
+            }
+            let _ = (index, chunks);
+        }
+        let end = self.kafka.end_offset(self.changelog, partition);
+        if self.txlog.checkpoint(partition)? != Some(end) {
+            self.txlog.apply(&[(partition, Vec::new(), Some(end))])?;
+        }
+        if let Some(committed) = committed
+            && self
+                .txlog
+                .progress(partition)?
+                .is_none_or(|at| at < committed)
+        {
+            tracing::warn!(
+                partition,
+                committed,
+                "the changelog's progress does not reach the group's committed offset"
+            );
+        }
+        Ok(())
     }
 }

@@ -55,9 +55,13 @@ mod backoff;
 mod batch;
 mod changelog;
 mod commit;
+#[cfg(feature = "testing")]
+pub(crate) mod crash;
 mod dead_letters;
-#[cfg(test)]
-mod fake;
+#[cfg(feature = "testing")]
+pub(crate) mod drive;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) mod fake;
 #[cfg(test)]
 mod matrix;
 mod record;
@@ -65,27 +69,26 @@ mod recover;
 #[cfg(test)]
 mod recovery_matrix;
 mod seams;
+mod serve;
 mod startup;
 mod stats;
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::Arc;
-
-use tracing::Instrument;
 
 pub use stats::{Phase, Shutdown, Stats, StatsSnapshot};
 
+use crate::Result;
 use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
-use crate::kafka::{self, ClientOptions, InputConsumer, Isolation, Polled, Rebalanced};
+use crate::kafka::{self, ClientOptions, InputConsumer, Isolation};
 use crate::processor::Processor;
 use crate::txlog::{self, Opened, TxLog};
-use crate::{Error, Result};
-use backoff::{abort_backoff, retry_transient};
-use recover::{Failed, ISOLATE_AFTER, Parts, Resync, isolate, recover, stops_the_instance};
-use seams::{ChangelogReplay, NewProducer, Restore, Source};
+use backoff::retry_transient;
+use recover::{Parts, Resync};
+use seams::{ChangelogReplay, NewProducer};
 
 /// librdkafka's default `message.max.bytes`.
-const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+pub(crate) const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 /// How long replay waits for an open transaction beyond `transaction_timeout`: the
 /// coordinator aborts a transaction some time after its timeout, not at once.
 pub(super) const REPLAY_WAIT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -100,7 +103,18 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Crashes the process at a named point when the failpoint is configured (feature
 /// `failpoints`; e.g. `FAILPOINTS=onceflow-before-commit=3*off->return` crashes at the
 /// fourth pass). A crash is `abort()`: no destructor, no flush, like a power cut.
+///
+/// `crash_point!(await "name")`, in the batch's async code, also crashes a test driver's
+/// engine there when the test armed it (feature `testing`): the engine's future never
+/// finishes, the driver drops it, like the process that died (see `crash.rs`).
 macro_rules! crash_point {
+    (await $name:literal) => {
+        $crate::engine::crash_point!($name);
+        #[cfg(feature = "testing")]
+        if $crate::engine::crash::due($name) {
+            $crate::engine::crash::hang().await;
+        }
+    };
     ($name:literal) => {
         #[cfg(feature = "failpoints")]
         if fail::eval($name, |_| ()).is_some() {
@@ -145,38 +159,11 @@ impl Engine {
     /// Consumes, processes and commits until shut down (then returns the counters) or
     /// until a fatal error (fenced, bad configuration, a permanent processing error).
     ///
-    /// A refused credential stops it with [`Error::Authentication`], a missing ACL with
-    /// [`Error::Unauthorized`] naming the ACL and the principal.
+    /// A refused credential stops it with [`crate::Error::Authentication`], a missing ACL with
+    /// [`crate::Error::Unauthorized`] naming the ACL and the principal.
     pub async fn run<P: Processor>(mut self, processor: P) -> Result<StatsSnapshot> {
         let config = &mut self.config;
-        if let Some(declared) = processor.input_topic()
-            && declared != config.input_topic
-        {
-            // A declared input is a default: the configured one renames it.
-            tracing::info!(
-                declared,
-                topic = %config.input_topic,
-                "the processor's declared input is read from the configured topic"
-            );
-        }
-        let declared_outputs = processor.output_topics();
-        if let Some(error) = crate::config::unknown_rename(
-            &config.renamed_outputs,
-            declared_outputs,
-            processor.name(),
-        ) {
-            return Err(error);
-        }
-        for declared in declared_outputs {
-            let topic = config
-                .renamed_outputs
-                .get(*declared)
-                .cloned()
-                .unwrap_or_else(|| (*declared).to_owned());
-            if !config.output_topics.contains(&topic) {
-                config.output_topics.push(topic);
-            }
-        }
+        merge_declarations(config, &processor)?;
         let options =
             ClientOptions::with_properties(&config.bootstrap_servers, &config.kafka_properties);
         let mut writes = config.output_topics.clone();
@@ -297,109 +284,15 @@ impl Engine {
                 output_limits: &output_limits,
             };
             let mut owned = BTreeSet::new();
-            // Batches that failed in a row, and whether one of them failed on a record the
-            // broker refused: then, after ISOLATE_AFTER failures, records go one per
-            // transaction until the one that fails is found. (Sticky: after a refusal the
-            // next transaction may fail on the idempotence sequence instead, which librdkafka
-            // repairs with an epoch bump; that does not mean the culprit is gone.)
-            let mut failures = 0u32;
-            let mut refused = false;
-            let inner = loop {
-                if self.shutdown.is_triggered() {
-                    break Ok(());
-                }
-                // What the polls of a held consumer brought comes first (rebalances served
-                // while catching up or backing off).
-                let mut polled = resync.take_held();
-                if polled.rebalances.is_empty() && polled.records.is_empty() {
-                    polled = match consumer
-                        .poll(config.max_batch_records, config.commit_interval)
-                        .await
-                    {
-                        Ok(polled) => polled,
-                        Err(error) if error.is_fatal() => break Err(error),
-                        Err(error) => {
-                            tracing::warn!(%error, "poll failed; polling again");
-                            continue;
-                        }
-                    };
-                }
-                match follow_rebalances(&resync, &consumer, &mut owned, &mut polled).await {
-                    Ok(assigned) if !assigned.is_empty() => {
-                        processor.partitions_assigned(&assigned);
-                    }
-                    Ok(_) => {}
-                    Err(error) => break Err(error),
-                }
-                self.stats.set_phase(Phase::Running);
-                if polled.records.is_empty() {
-                    continue;
-                }
-                let span = tracing::info_span!("batch", records = polled.records.len());
-                let one_by_one = refused
-                    && failures >= ISOLATE_AFTER
-                    && config.delivery != DeliveryMode::AtMostOnce;
-                let failed = if one_by_one {
-                    isolate(
-                        &parts,
-                        &resync,
-                        &mut processor,
-                        &mut producer,
-                        &owned,
-                        polled.records,
-                    )
-                    .instrument(span)
-                    .await
-                } else {
-                    parts
-                        .batch(&producer)
-                        .run(&mut processor, polled.records)
-                        .instrument(span)
-                        .await
-                        .err()
-                        .map(Failed::Batch)
-                };
-                let error = match failed {
-                    // A batch committed, or the record that failed the others was found and
-                    // dead-lettered (the records after it come again, in a batch as usual).
-                    None | Some(Failed::Isolated) => {
-                        if failures > 0 {
-                            metrics::gauge!("onceflow_consecutive_aborts").set(0.0);
-                        }
-                        failures = 0;
-                        refused = false;
-                        continue;
-                    }
-                    Some(Failed::Stop(error)) => break Err(error),
-                    Some(Failed::Batch(error)) => error,
-                };
-                Stats::add(&self.stats.aborts, 1);
-                if let Err(stop) = recover(&resync, &consumer, &mut producer, &owned, &error).await
-                {
-                    break Err(stop);
-                }
-                if stops_the_instance(&error) {
-                    break Err(error);
-                }
-                failures += 1;
-                refused |=
-                    error.is_rejection() || matches!(error, Error::TransactionTimedOut { .. });
-                let delay = abort_backoff(failures);
-                metrics::gauge!("onceflow_consecutive_aborts").set(f64::from(failures));
-                // Rate-limited: a batch that fails every time must not flood the logs.
-                if failures <= 3 || failures.is_power_of_two() {
-                    tracing::warn!(
-                        %error,
-                        consecutive = failures,
-                        ?delay,
-                        one_by_one = refused && failures >= ISOLATE_AFTER,
-                        "batch aborted and rewound; going on"
-                    );
-                }
-                if let Err(stop) = resync.pause_for(&consumer, delay).await {
-                    break Err(stop);
-                }
-            };
+            let inner = serve::serve(
+                &parts,
+                &resync,
+                &self.shutdown,
+                &mut processor,
+                &mut producer,
+                &mut owned,
+            )
+            .await;
             let inner = match inner {
                 Err(error)
                     if config.delivery == DeliveryMode::ExactlyOnce
@@ -456,38 +349,37 @@ impl Engine {
     }
 }
 
-/// Acts on the rebalances `polled` reports, in order, and on those served while catching
-/// up: a revoked partition is forgotten with its records; an assigned one is caught up
-/// with the group's committed offsets before any of its records is processed. Returns the
-/// partitions assigned (and still owned).
-async fn follow_rebalances<C: Source, R: Restore, N>(
-    resync: &Resync<'_, R, N>,
-    consumer: &C,
-    owned: &mut BTreeSet<i32>,
-    polled: &mut Polled,
-) -> Result<Vec<i32>> {
-    let mut assigned = BTreeSet::new();
-    let mut events: VecDeque<Rebalanced> = std::mem::take(&mut polled.rebalances).into();
-    while let Some(event) = events.pop_front() {
-        match event {
-            Rebalanced::Revoked(partitions) => {
-                owned.retain(|p| !partitions.contains(p));
-                assigned.retain(|p| !partitions.contains(p));
-                polled
-                    .records
-                    .retain(|r| !partitions.contains(&r.partition));
-            }
-            Rebalanced::Assigned(partitions) => {
-                Stats::add(&resync.stats.assignments, 1);
-                resync.stats.set_phase(Phase::Replaying);
-                resync.catch_up(consumer, &partitions).await?;
-                assigned.extend(partitions.iter().copied());
-                owned.extend(partitions);
-                let held = resync.take_held();
-                polled.records.extend(held.records);
-                events.extend(held.rebalances);
-            }
+/// Merges what `processor` declares into `config`: a declared input is a default the
+/// configured one renames; each declared output is added, under the topic a rename
+/// gives it. A rename of an output the processor does not declare is an error.
+pub(crate) fn merge_declarations<P: Processor>(
+    config: &mut EngineConfig,
+    processor: &P,
+) -> Result<()> {
+    if let Some(declared) = processor.input_topic()
+        && declared != config.input_topic
+    {
+        tracing::info!(
+            declared,
+            topic = %config.input_topic,
+            "the processor's declared input is read from the configured topic"
+        );
+    }
+    let declared_outputs = processor.output_topics();
+    if let Some(error) =
+        crate::config::unknown_rename(&config.renamed_outputs, declared_outputs, processor.name())
+    {
+        return Err(error);
+    }
+    for declared in declared_outputs {
+        let topic = config
+            .renamed_outputs
+            .get(*declared)
+            .cloned()
+            .unwrap_or_else(|| (*declared).to_owned());
+        if !config.output_topics.contains(&topic) {
+            config.output_topics.push(topic);
         }
     }
-    Ok(assigned.into_iter().collect())
+    Ok(())
 }

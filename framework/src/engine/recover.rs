@@ -28,7 +28,7 @@ use crate::engine::backoff::retry_transient;
 use crate::engine::seams::{Renew, Restore, Sink, Source};
 use crate::engine::stats::{Phase, Stats};
 use crate::engine::{batch, dead_letters};
-use crate::kafka::{self, InputConsumer, OutputProducer};
+use crate::kafka;
 use crate::processor::Processor;
 use crate::txlog::TxLog;
 use crate::{Error, Result};
@@ -49,9 +49,9 @@ pub(super) const MAX_FENCES: usize = 5;
 pub(super) const FENCE_WINDOW: Duration = Duration::from_secs(600);
 
 /// What a batch needs besides the producer, which recovery may replace between two.
-pub(super) struct Parts<'a> {
+pub(super) struct Parts<'a, S> {
     pub(super) config: &'a EngineConfig,
-    pub(super) consumer: &'a InputConsumer,
+    pub(super) consumer: &'a S,
     pub(super) txlog: &'a Arc<TxLog>,
     pub(super) stats: &'a Arc<Stats>,
     pub(super) declared: &'a BTreeSet<String>,
@@ -59,11 +59,12 @@ pub(super) struct Parts<'a> {
     pub(super) output_limits: &'a std::collections::BTreeMap<String, usize>,
 }
 
-impl<'a> Parts<'a> {
-    pub(super) fn batch(
-        &self,
-        producer: &'a OutputProducer,
-    ) -> batch::Batch<'a, InputConsumer, OutputProducer> {
+impl<'a, S: Source> Parts<'a, S> {
+    /// A batch through `producer`.
+    pub(super) fn batch<'p, K: Sink<S>>(&self, producer: &'p K) -> batch::Batch<'p, S, K>
+    where
+        'a: 'p,
+    {
         batch::Batch {
             config: self.config,
             consumer: self.consumer,
@@ -92,17 +93,24 @@ pub(super) enum Failed {
 /// holding its transaction past the timeout, is the one that fails them all. It is
 /// handled per `on_error` in a transaction of its own, and the partitions are rewound
 /// to what is committed; the records after it come again with the next poll.
-pub(super) async fn isolate<P: Processor, R: Restore, N: Renew<OutputProducer>>(
-    parts: &Parts<'_>,
+pub(super) async fn isolate<S, K, P, R, N>(
+    parts: &Parts<'_, S>,
     resync: &Resync<'_, R, N>,
     processor: &mut P,
-    producer: &mut OutputProducer,
+    producer: &mut K,
     owned: &BTreeSet<i32>,
     records: Vec<kafka::Record>,
-) -> Option<Failed> {
+) -> Option<Failed>
+where
+    S: Source,
+    K: Sink<S> + Send,
+    P: Processor,
+    R: Restore,
+    N: Renew<K>,
+{
     for record in records {
         let alone = parts
-            .batch(producer)
+            .batch(&*producer)
             .run(processor, vec![record.clone()])
             .await;
         let Err(error) = alone else { continue };
@@ -130,7 +138,7 @@ pub(super) async fn isolate<P: Processor, R: Restore, N: Renew<OutputProducer>>(
             "found the record that fails its batches"
         );
         if let Err(stop) = parts
-            .batch(producer)
+            .batch(&*producer)
             .fail_alone(&record, class, error)
             .await
         {

@@ -340,7 +340,7 @@ async fn an_assignment_is_caught_up_before_its_records_and_a_rebalance_meanwhile
         rebalances: vec![Rebalanced::Assigned(vec![0])],
     };
     let mut owned = BTreeSet::new();
-    crate::engine::follow_rebalances(&resync, &rig.kafka, &mut owned, &mut polled)
+    crate::engine::serve::follow_rebalances(&resync, &rig.kafka, &mut owned, &mut polled)
         .await
         .expect("followed");
     assert_eq!(owned, [0].into());

@@ -42,6 +42,13 @@ pub(crate) trait Landing: Send + Sync + 'static {
 /// The input: what a batch commits outside a transaction, and what recovery reads and
 /// moves.
 pub(crate) trait Source: Sync {
+    /// Polls for at most `max_records` records, waiting at most `max_wait` for the first:
+    /// the records, and the rebalances served meanwhile.
+    fn poll(
+        &self,
+        max_records: usize,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Polled>> + Send;
     /// Commits `offsets` (partition, next offset) outside any transaction.
     fn commit(&self, offsets: Vec<(i32, i64)>) -> impl Future<Output = Result<()>> + Send;
     /// The group's stable committed offset of each partition (`None`: nothing committed).
@@ -113,6 +120,14 @@ impl Landing for Pending {
 }
 
 impl Source for InputConsumer {
+    fn poll(
+        &self,
+        max_records: usize,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Polled>> + Send {
+        InputConsumer::poll(self, max_records, max_wait)
+    }
+
     fn commit(&self, offsets: Vec<(i32, i64)>) -> impl Future<Output = Result<()>> + Send {
         InputConsumer::commit(self, offsets)
     }

@@ -179,15 +179,7 @@ pub(crate) async fn output_limits(
     /// Batch and record headers of a one-record batch, rounded up.
     const FRAMING: usize = 512;
     let mut limits = BTreeMap::new();
-    // Every topic the engine writes: a changelog or dead-letter record over the limit
-    // would fail its batch on every retry, like an output.
-    let mut written = config.output_topics.clone();
-    written.push(config.changelog_topic());
-    if config.on_error == ErrorPolicy::DeadLetter {
-        written.push(config.dead_letter_topic());
-    }
-    written.extend(config.effects_topic.clone());
-    for topic in &written {
+    for topic in &written_topics(config) {
         let broker_limit =
             kafka::topic_config(options, topic, "max.message.bytes", METADATA_TIMEOUT)
                 .await?
@@ -196,6 +188,18 @@ pub(crate) async fn output_limits(
         limits.insert(topic.clone(), producer_limit.min(broker_limit));
     }
     Ok(limits)
+}
+
+/// Every topic the engine writes: a changelog or dead-letter record over its limit would
+/// fail its batch on every retry, like an output.
+pub(super) fn written_topics(config: &EngineConfig) -> Vec<String> {
+    let mut written = config.output_topics.clone();
+    written.push(config.changelog_topic());
+    if config.on_error == ErrorPolicy::DeadLetter {
+        written.push(config.dead_letter_topic());
+    }
+    written.extend(config.effects_topic.clone());
+    written
 }
 
 /// Ties the transaction log to the changelog by the topic's ID (KIP-516). A changelog

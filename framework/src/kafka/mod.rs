@@ -33,9 +33,13 @@ pub(crate) use replay::{ReadEnd, Until, read_partition, read_partition_to_end};
 pub(crate) use security::{Resources, check_connection, explain};
 pub(crate) use topic_id::topic_id;
 #[cfg(feature = "testkit")]
-pub use types::{Isolation, OutgoingRecord, Record};
+pub use types::Isolation;
 #[cfg(not(feature = "testkit"))]
-pub(crate) use types::{Isolation, Record};
+pub(crate) use types::Isolation;
+#[cfg(not(any(feature = "testkit", feature = "testing")))]
+pub(crate) use types::Record;
+#[cfg(any(feature = "testkit", feature = "testing"))]
+pub use types::{OutgoingRecord, Record};
 #[cfg(feature = "testkit")]
 pub(crate) use write::produce;
 

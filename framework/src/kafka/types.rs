@@ -1,9 +1,13 @@
 //! Plain record types that cross the `kafka` boundary (public through the testkit).
-#![cfg_attr(not(feature = "testkit"), allow(unreachable_pub))]
+#![cfg_attr(
+    not(any(feature = "testkit", feature = "testing")),
+    allow(unreachable_pub)
+)]
 
 use rdkafka::message::{Headers, Message};
 
 /// Which records a reader sees.
+#[cfg_attr(not(feature = "testkit"), allow(unreachable_pub))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isolation {
     /// Only records of committed transactions (and non-transactional ones), up to the last
@@ -44,13 +48,13 @@ pub struct Record {
 
 impl Record {
     /// The key as UTF-8 text (lossy), or `""` when there is none.
-    #[cfg(feature = "testkit")]
+    #[cfg(any(feature = "testkit", feature = "testing"))]
     pub fn key_str(&self) -> String {
         String::from_utf8_lossy(self.key.as_deref().unwrap_or_default()).into_owned()
     }
 
     /// The value as UTF-8 text (lossy), or `""` when there is none.
-    #[cfg(feature = "testkit")]
+    #[cfg(any(feature = "testkit", feature = "testing"))]
     pub fn value_str(&self) -> String {
         String::from_utf8_lossy(self.value.as_deref().unwrap_or_default()).into_owned()
     }
@@ -65,7 +69,7 @@ impl Record {
 }
 
 /// A record to write.
-#[cfg(feature = "testkit")]
+#[cfg(any(feature = "testkit", feature = "testing"))]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutgoingRecord {
     /// Key bytes; records with the same key land on the same partition.
@@ -76,9 +80,11 @@ pub struct OutgoingRecord {
     pub headers: Vec<(String, Vec<u8>)>,
     /// A partition to write to, instead of the one the key hashes to.
     pub partition: Option<i32>,
+    /// The record's timestamp (ms since the epoch); `None`: the producer's clock.
+    pub timestamp_ms: Option<i64>,
 }
 
-#[cfg(feature = "testkit")]
+#[cfg(any(feature = "testkit", feature = "testing"))]
 impl OutgoingRecord {
     /// A record with a key and a value.
     pub fn keyed(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
@@ -98,6 +104,12 @@ impl OutgoingRecord {
     /// Writes to `partition` instead of the key's partition.
     pub fn to_partition(mut self, partition: i32) -> Self {
         self.partition = Some(partition);
+        self
+    }
+
+    /// Gives the record its own timestamp (ms since the epoch).
+    pub fn at_ms(mut self, timestamp_ms: i64) -> Self {
+        self.timestamp_ms = Some(timestamp_ms);
         self
     }
 }

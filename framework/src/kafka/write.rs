@@ -47,6 +47,9 @@ pub(crate) async fn produce(
         if let Some(partition) = record.partition {
             future = future.partition(partition);
         }
+        if let Some(timestamp) = record.timestamp_ms {
+            future = future.timestamp(timestamp);
+        }
         let delivery = producer
             .send_result(future)
             .map_err(|(e, _)| kafka_error(format!("enqueue a record for `{topic}`"), e))?;

@@ -106,7 +106,7 @@ impl TxLog {
 
     /// Whether `id` has a dedup entry in `partition`, however old (one read; the engine
     /// reads through a [`Snapshot`]).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn is_processed(&self, partition: i32, id: &str) -> Result<bool> {
         self.snapshot()?.is_processed(partition, id, i64::MIN)
     }
@@ -139,7 +139,7 @@ impl TxLog {
     }
 
     /// The committed value of state `key` in `partition` (one read, as above).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn state(&self, partition: i32, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.snapshot()?.state(partition, key)
     }

@@ -1,0 +1,132 @@
+//! The engine's loop over the in-memory log (`fake.rs`), for `onceflow::testing`: the
+//! same [`serve`](super::serve::serve), batches, recovery and changelog decoding as
+//! against Kafka; only the clients are the fake's, and the replay reads its changelog.
+//!
+//! ```text
+//!  start ─► new producer (aborts what a crashed one left open) ─► join: every partition,
+//!     from the committed offsets ─► replay each changelog from redb's checkpoint
+//!     ─► serve until a poll finds nothing (Done), the instance stops (Stopped),
+//!        or an armed crash point is reached (Crashed: the future is dropped there)
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::Error;
+use crate::config::EngineConfig;
+use crate::engine::crash::CrashPlan;
+use crate::engine::fake::{FakeKafka, MemoryReplay};
+use crate::engine::recover::{Parts, Resync};
+use crate::engine::seams::Renew;
+use crate::engine::stats::{Phase, Shutdown, Stats};
+use crate::engine::{DEFAULT_MESSAGE_MAX_BYTES, serve, startup};
+use crate::processor::Processor;
+use crate::txlog::TxLog;
+
+/// One incarnation of the instance: what a crash or a restart loses.
+pub(crate) struct Instance<P> {
+    processor: P,
+    producer: FakeKafka,
+    owned: BTreeSet<i32>,
+}
+
+/// How a run ended.
+pub(crate) enum Outcome {
+    /// Every record polled was handled; the instance is still running.
+    Done,
+    /// The engine crashed at this point; the instance is gone.
+    Crashed(&'static str),
+    /// The instance stopped with this error; it is gone.
+    Stopped(Error),
+}
+
+impl<P: Processor> Instance<P> {
+    /// Starts an instance: a new producer under the transactional ID (which ends what
+    /// its predecessor left open) and a new group member, assigned every partition at
+    /// its first poll.
+    pub(crate) async fn start(
+        config: &EngineConfig,
+        kafka: &FakeKafka,
+        processor: P,
+    ) -> crate::Result<Self> {
+        let producer = kafka.renew().await?;
+        kafka.rejoin(kafka.partitions(&config.input_topic));
+        Ok(Instance {
+            processor,
+            producer,
+            owned: BTreeSet::new(),
+        })
+    }
+}
+
+/// Runs `instance` until a poll finds nothing, it stops, or it crashes.
+pub(crate) async fn run<P: Processor>(
+    config: &EngineConfig,
+    kafka: &FakeKafka,
+    txlog: &Arc<TxLog>,
+    stats: &Arc<Stats>,
+    plan: &Arc<CrashPlan>,
+    instance: &mut Instance<P>,
+) -> Outcome {
+    let changelog = config.changelog_topic();
+    let declared: BTreeSet<String> = config.output_topics.iter().cloned().collect();
+    // The broker's default `max.message.bytes` (1 MiB and framing) is above the
+    // producer's default limit: the producer's is the one that counts.
+    let limits: BTreeMap<String, usize> = startup::written_topics(config)
+        .into_iter()
+        .map(|topic| (topic, DEFAULT_MESSAGE_MAX_BYTES))
+        .collect();
+    let idle = Shutdown::default();
+    kafka.serve_input(
+        &config.input_topic,
+        kafka.partitions(&config.input_topic),
+        idle.clone(),
+    );
+    let parts = Parts {
+        config,
+        consumer: kafka,
+        txlog,
+        stats,
+        declared: &declared,
+        changelog: &changelog,
+        output_limits: &limits,
+    };
+    let resync = Resync {
+        config,
+        stats,
+        restore: MemoryReplay {
+            kafka,
+            changelog: &changelog,
+            txlog,
+            stats,
+        },
+        renew: kafka.clone(),
+        held: std::sync::Mutex::default(),
+        fences: std::sync::Mutex::default(),
+        producer_fenced: std::sync::atomic::AtomicBool::default(),
+    };
+    let Instance {
+        processor,
+        producer,
+        owned,
+    } = instance;
+    let serving = plan.scope(serve::serve(
+        &parts, &resync, &idle, processor, producer, owned,
+    ));
+    let outcome = tokio::select! {
+        biased;
+        () = plan.crashed() => None,
+        served = serving => Some(served),
+    };
+    match outcome {
+        None => Outcome::Crashed(plan.take_crash().unwrap_or("unknown")),
+        Some(Ok(())) => {
+            stats.set_phase(Phase::Running);
+            Outcome::Done
+        }
+        Some(Err(error)) => {
+            stats.set_phase(Phase::Stopped);
+            Outcome::Stopped(error)
+        }
+    }
+}

@@ -1,0 +1,527 @@
+//! A processor tested in milliseconds, without a broker (feature `testing`).
+//!
+//! [`TestDriver`] runs **the engine's own code** — its loop, batches, dedup, dead letters,
+//! transactions, recovery after a failed batch and the changelog's replay after a
+//! restart — over an in-memory log with Kafka's transaction semantics: a `read_committed`
+//! reader sees a transaction's records only once it commits, an aborted one never, and
+//! the input offsets commit with the transaction. The transaction log is the real one
+//! (redb, in a temporary directory). What it does not have is a broker's failures of its
+//! own; the ones a test names are injected ([`TestDriver::fail`], [`TestDriver::crash_at`]).
+//!
+//! ```
+//! # use onceflow::{Context, Event, Processor, Result};
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # struct Order { id: String, customer: String, amount: i64 }
+//! # impl Event for Order {
+//! #     fn event_id(&self) -> Option<String> { Some(self.id.clone()) }
+//! #     fn key(&self) -> Option<String> { Some(self.customer.clone()) }
+//! # }
+//! # #[derive(Clone)]
+//! # struct Billing;
+//! # #[onceflow::async_trait]
+//! # impl Processor for Billing {
+//! #     type Input = Order;
+//! #     fn name(&self) -> &str { "billing" }
+//! #     fn input_topic(&self) -> Option<&str> { Some("orders") }
+//! #     fn output_topics(&self) -> &[&str] { &["invoices"] }
+//! #     async fn process(&mut self, order: Order, ctx: &mut Context<'_>) -> Result<()> {
+//! #         let total = ctx.state().get::<i64>(&order.customer)?.unwrap_or(0) + order.amount;
+//! #         ctx.state().put(&order.customer, &total)?;
+//! #         ctx.emit("invoices", &order.customer, &total)
+//! #     }
+//! # }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<()> {
+//! use onceflow::testing::{CrashPoint, TestDriver};
+//!
+//! let mut driver = TestDriver::new(Billing);
+//! let order = |id: &str, amount| Order { id: id.into(), customer: "c-1".into(), amount };
+//! driver.pipe(&order("o-1", 5))?;
+//! driver.pipe(&order("o-1", 5))?; // the same event again: skipped
+//! driver.process().await?;
+//! assert_eq!(driver.stats().duplicates_skipped, 1);
+//!
+//! driver.crash_at(CrashPoint::AfterCommitBeforeApply, 1);
+//! driver.pipe(&order("o-2", 7))?;
+//! driver.process().await?; // crashes once, restarts, replays the changelog
+//! assert_eq!(driver.output_values::<i64>("invoices")?, [5, 12]);
+//! assert_eq!(driver.state::<i64>(0, "c-1")?, Some(12));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Time: the driver's wall clock (the time of dedup entries, so of the dedup window)
+//! starts at the system's time and moves only with [`TestDriver::advance_time`]; a piped
+//! record's timestamp is that clock unless the record sets its own. The engine's waits
+//! (a transient failure's back-off, 100 ms after a failed batch) are real: run a test
+//! that has many under `#[tokio::test(start_paused = true)]` to skip them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::clock::Clock;
+use crate::engine::crash::CrashPlan;
+use crate::engine::drive::{self, Instance, Outcome};
+use crate::engine::fake::{FakeKafka, Kind, Stored, injected};
+use crate::engine::{Stats, StatsSnapshot};
+use crate::event::Event;
+use crate::processor::Processor;
+use crate::txlog::TxLog;
+use crate::{EngineConfig, Error, ErrorClass, Result};
+
+pub use crate::kafka::{OutgoingRecord, Record};
+
+/// A point in the engine where a test can crash it (the failpoints of the process crash
+/// tests, by the same names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CrashPoint {
+    /// A record was processed; its outputs are not sent yet.
+    AfterProcess,
+    /// A record's outputs were sent into the open transaction.
+    AfterProduce,
+    /// The batch's changelog records were sent; its offsets not yet.
+    BeforeSendOffsets,
+    /// Everything is in the transaction; it is not committed.
+    BeforeCommit,
+    /// The transaction committed; the transaction log was not updated.
+    AfterCommitBeforeApply,
+    /// Replaying the changelog after a restart, between two chunks.
+    DuringReplay,
+}
+
+impl CrashPoint {
+    /// Every crash point, in the order a batch passes them (replay last).
+    pub const ALL: [CrashPoint; 6] = [
+        CrashPoint::AfterProcess,
+        CrashPoint::AfterProduce,
+        CrashPoint::BeforeSendOffsets,
+        CrashPoint::BeforeCommit,
+        CrashPoint::AfterCommitBeforeApply,
+        CrashPoint::DuringReplay,
+    ];
+
+    /// The failpoint's name (`FAILPOINTS=<name>=return` crashes a real process there).
+    pub const fn name(self) -> &'static str {
+        match self {
+            CrashPoint::AfterProcess => "onceflow-after-process",
+            CrashPoint::AfterProduce => "onceflow-after-produce",
+            CrashPoint::BeforeSendOffsets => "onceflow-before-send-offsets",
+            CrashPoint::BeforeCommit => "onceflow-before-commit",
+            CrashPoint::AfterCommitBeforeApply => "onceflow-after-commit-before-apply",
+            CrashPoint::DuringReplay => "onceflow-during-replay",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<CrashPoint> {
+        CrashPoint::ALL
+            .into_iter()
+            .find(|point| point.name() == name)
+    }
+}
+
+/// A call to Kafka a test can make fail ([`TestDriver::fail`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KafkaCall {
+    /// Beginning a transaction.
+    Begin,
+    /// Sending a record (output, changelog or dead letter).
+    Send,
+    /// Adding the input offsets to the transaction.
+    SendOffsets,
+    /// Committing the transaction.
+    Commit,
+    /// Aborting the transaction.
+    Abort,
+    /// Reading the group's committed offsets (at an assignment, after a failed batch).
+    CommittedOffsets,
+}
+
+impl KafkaCall {
+    fn kind(self) -> Kind {
+        match self {
+            KafkaCall::Begin => Kind::Begin,
+            KafkaCall::Send => Kind::Send,
+            KafkaCall::SendOffsets => Kind::SendOffsets,
+            KafkaCall::Commit => Kind::Commit,
+            KafkaCall::Abort => Kind::Abort,
+            KafkaCall::CommittedOffsets => Kind::Committed,
+        }
+    }
+}
+
+/// Runs a processor over an in-memory Kafka, by the engine's own code. See the
+/// [module](self) for what it is and is not.
+///
+/// Its counters ([`TestDriver::stats`]) add up over restarts, unlike a process's.
+///
+/// The processor must not keep what matters in its own fields: a start builds a new one,
+/// as a restarted process does; the driver's crash tests find such a processor out.
+pub struct TestDriver<P: Processor> {
+    make: Box<dyn FnMut() -> P + Send>,
+    config: EngineConfig,
+    kafka: FakeKafka,
+    stats: Arc<Stats>,
+    now: Arc<AtomicI64>,
+    plan: Arc<CrashPlan>,
+    dir: tempfile::TempDir,
+    txlog: Option<Arc<TxLog>>,
+    instance: Option<Instance<P>>,
+    /// The processor's declarations were merged into the configuration.
+    merged: bool,
+    crashes: Vec<CrashPoint>,
+}
+
+impl<P: Processor> std::fmt::Debug for TestDriver<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestDriver")
+            .field("config", &self.config)
+            .field("crashes", &self.crashes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Processor + Clone> TestDriver<P> {
+    /// A driver for `processor`; each start (the first, and after a crash or restart)
+    /// takes a fresh clone of it, as a restarted process builds its processor again.
+    pub fn new(processor: P) -> Self {
+        TestDriver::from_fn(move || processor.clone())
+    }
+}
+
+impl<P: Processor> TestDriver<P> {
+    /// A driver that makes the processor with `make` at each start.
+    ///
+    /// The configuration is the engine's defaults for group `<processor name>`, instance
+    /// `test`, the input the processor declares (else `input`) with one partition.
+    pub fn from_fn(mut make: impl FnMut() -> P + Send + 'static) -> Self {
+        let sample = make();
+        let dir = tempfile::tempdir().expect("a temporary directory for the transaction log");
+        let input = sample.input_topic().unwrap_or("input").to_owned();
+        let mut config = EngineConfig::new(
+            "in-memory",
+            sample.name().to_owned(),
+            "test",
+            input,
+            dir.path().to_path_buf(),
+        );
+        let now = Arc::new(AtomicI64::new(Clock::System.now_ms()));
+        config.clock = Clock::Manual(Arc::clone(&now));
+        drop(sample);
+        TestDriver {
+            make: Box::new(make),
+            config,
+            kafka: FakeKafka::default(),
+            stats: Arc::default(),
+            now,
+            plan: Arc::default(),
+            dir,
+            txlog: None,
+            instance: None,
+            merged: false,
+            crashes: Vec::new(),
+        }
+    }
+
+    /// Changes the configuration (delivery mode, `on_error`, batch size, dedup window,
+    /// renamed outputs, …) before the first record is processed. The bootstrap servers,
+    /// state directory and clock are the driver's.
+    pub fn configure(mut self, change: impl FnOnce(EngineConfig) -> EngineConfig) -> Self {
+        assert!(
+            self.instance.is_none() && !self.merged,
+            "TestDriver::configure comes before the first process()"
+        );
+        let clock = self.config.clock.clone();
+        let state_dir = self.config.state_dir.clone();
+        self.config = change(self.config);
+        self.config.clock = clock;
+        self.config.state_dir = state_dir;
+        self
+    }
+
+    /// The input topic has `partitions` partitions (default 1).
+    pub fn input_partitions(self, partitions: i32) -> Self {
+        self.kafka
+            .set_partitions(&self.config.input_topic, partitions.max(1));
+        self
+    }
+
+    /// `topic` (an output, or the dead-letter topic) has `partitions` partitions
+    /// (default 1): keyed records go where librdkafka's default partitioner puts them.
+    pub fn topic_partitions(self, topic: &str, partitions: i32) -> Self {
+        self.kafka.set_partitions(topic, partitions.max(1));
+        self
+    }
+
+    /// The configuration the engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Writes `event` to the input as JSON, keyed by its [`Event::key`] (no key: the
+    /// partitions in turn), as an upstream producer would. Returns where it landed.
+    pub fn pipe<E: Serialize + Event>(&mut self, event: &E) -> Result<(i32, i64)> {
+        let value = serde_json::to_vec(event).map_err(|e| Error::Encode {
+            what: "a piped event".into(),
+            message: e.to_string(),
+        })?;
+        let mut record = OutgoingRecord {
+            value: Some(value),
+            ..OutgoingRecord::default()
+        };
+        record.key = event.key().map(String::into_bytes);
+        Ok(self.pipe_record(record))
+    }
+
+    /// Writes `record` to the input (its key, value, headers, partition and timestamp as
+    /// given; no timestamp: the driver's clock). Returns where it landed.
+    pub fn pipe_record(&mut self, record: OutgoingRecord) -> (i32, i64) {
+        let partition = match record.partition {
+            Some(partition) => {
+                let count = self.kafka.partitions(&self.config.input_topic);
+                assert!(
+                    (0..count).contains(&partition),
+                    "partition {partition} of `{}`, which has {count}",
+                    self.config.input_topic
+                );
+                partition
+            }
+            None => -1,
+        };
+        self.kafka.produce(Stored {
+            topic: self.config.input_topic.clone(),
+            partition,
+            offset: 0,
+            key: record.key,
+            value: record.value,
+            headers: record
+                .headers
+                .into_iter()
+                .map(|(name, value)| (name, Some(value)))
+                .collect(),
+            timestamp_ms: Some(record.timestamp_ms.unwrap_or_else(|| self.now_ms())),
+        })
+    }
+
+    /// Writes the input record at `partition`/`offset` again, to the same partition:
+    /// a duplicate, as a producer's retry or an upstream's replay makes one. `None` when
+    /// there is no such record.
+    pub fn pipe_again(&mut self, partition: i32, offset: i64) -> Option<(i32, i64)> {
+        let original = self
+            .kafka
+            .committed(&self.config.input_topic)
+            .into_iter()
+            .find(|r| r.partition == partition && r.offset == offset)?;
+        Some(self.kafka.produce(original))
+    }
+
+    /// Processes every record piped so far, then returns. A crash armed with
+    /// [`TestDriver::crash_at`] stops the engine where it is; the driver starts it again
+    /// (a new processor, the transaction log reopened, the open transaction aborted by
+    /// the new producer, the changelog replayed) and goes on.
+    ///
+    /// `Err` when the engine stopped (`on_error = stop` on a failing record, a fatal
+    /// error injected with [`TestDriver::fail`]); the next call starts it again.
+    pub async fn process(&mut self) -> Result<()> {
+        if !self.merged {
+            let sample = (self.make)();
+            crate::engine::merge_declarations(&mut self.config, &sample)?;
+            if let Some(problem) = self.config.problems().into_iter().next() {
+                return Err(problem);
+            }
+            self.merged = true;
+        }
+        loop {
+            let txlog = self.open_txlog()?;
+            let mut instance = match self.instance.take() {
+                Some(instance) => instance,
+                None => Instance::start(&self.config, &self.kafka, (self.make)()).await?,
+            };
+            let outcome = drive::run(
+                &self.config,
+                &self.kafka,
+                &txlog,
+                &self.stats,
+                &self.plan,
+                &mut instance,
+            )
+            .await;
+            match outcome {
+                Outcome::Done => {
+                    self.instance = Some(instance);
+                    return Ok(());
+                }
+                Outcome::Crashed(point) => {
+                    tracing::info!(
+                        point,
+                        "the engine crashed (as the test asked); starting it again"
+                    );
+                    self.crashes.extend(CrashPoint::from_name(point));
+                    drop(instance);
+                    drop(txlog);
+                    self.txlog = None;
+                }
+                Outcome::Stopped(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Crashes the engine the `nth` time (1: the next) it passes `point`, from now on.
+    pub fn crash_at(&mut self, point: CrashPoint, nth: u32) {
+        self.plan.arm(point.name(), nth);
+    }
+
+    /// The crashes so far, in order.
+    pub fn crashes(&self) -> &[CrashPoint] {
+        &self.crashes
+    }
+
+    /// Fails the `nth` call (1: the next) of `call` from now on with an error of `class`:
+    /// [`ErrorClass::Abortable`] or [`ErrorClass::Retriable`] abort the batch, which is
+    /// rewound and done again; [`ErrorClass::Fatal`] stops the instance
+    /// ([`TestDriver::process`] returns it).
+    pub fn fail(&mut self, call: KafkaCall, nth: u32, class: ErrorClass) {
+        self.kafka
+            .fail(call.kind(), None, nth.max(1), injected(class));
+    }
+
+    /// Stops the instance cleanly and reopens its transaction log; the next
+    /// [`TestDriver::process`] starts a new instance (nothing to replay).
+    pub fn restart(&mut self) -> Result<()> {
+        self.instance = None;
+        self.txlog = None;
+        self.open_txlog().map(drop)
+    }
+
+    /// Stops the instance and deletes its transaction log, as on a new machine: the
+    /// next start rebuilds dedup entries and state from the changelog (until then
+    /// [`TestDriver::state`] reads the empty new log).
+    pub fn lose_local_state(&mut self) -> Result<()> {
+        self.instance = None;
+        self.txlog = None;
+        let dir = self.instance_dir();
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| {
+                Error::Broker(format!(
+                    "deleting the transaction log {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
+        self.open_txlog().map(drop)
+    }
+
+    /// Moves the driver's wall clock (dedup entries' time, piped records' default
+    /// timestamp) on by `by`.
+    pub fn advance_time(&mut self, by: Duration) {
+        let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.now.fetch_add(by, Ordering::SeqCst);
+    }
+
+    /// The driver's wall clock, in milliseconds since the epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    /// What a `read_committed` reader of `topic` sees, in partition then offset order.
+    /// An output renamed in the configuration is read under the topic it goes to.
+    pub fn output(&self, topic: &str) -> Vec<Record> {
+        let mut records: Vec<Record> = self
+            .kafka
+            .committed(topic)
+            .iter()
+            .map(Stored::to_record)
+            .collect();
+        records.sort_by_key(|r| (r.partition, r.offset));
+        records
+    }
+
+    /// The values of [`TestDriver::output`], decoded from JSON.
+    pub fn output_values<T: DeserializeOwned>(&self, topic: &str) -> Result<Vec<T>> {
+        self.output(topic)
+            .iter()
+            .map(|record| {
+                serde_json::from_slice(record.value.as_deref().unwrap_or_default()).map_err(|e| {
+                    Error::Decode {
+                        topic: topic.to_owned(),
+                        partition: record.partition,
+                        offset: record.offset,
+                        message: e.to_string(),
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// The records of `topic` in a transaction that is still open (a `read_uncommitted`
+    /// reader sees them too): after a crash before the commit, until the next start.
+    pub fn uncommitted(&self, topic: &str) -> Vec<Record> {
+        self.kafka
+            .open_records(topic)
+            .iter()
+            .map(Stored::to_record)
+            .collect()
+    }
+
+    /// The committed dead letters (their headers say why: `onceflow-error-class`, …).
+    pub fn dead_letters(&self) -> Vec<Record> {
+        self.output(&self.config.dead_letter_topic())
+    }
+
+    /// The state value of `key` on input partition `partition`, as committed.
+    pub fn state<T: DeserializeOwned>(&self, partition: i32, key: &str) -> Result<Option<T>> {
+        let Some(txlog) = &self.txlog else {
+            return Ok(None);
+        };
+        txlog
+            .state(partition, key.as_bytes())?
+            .map(|bytes| {
+                serde_json::from_slice(&bytes).map_err(|e| Error::Encode {
+                    what: format!("the state of `{key}` on partition {partition}, decoded"),
+                    message: e.to_string(),
+                })
+            })
+            .transpose()
+    }
+
+    /// Whether `event_id` is in the committed dedup entries of `partition`.
+    pub fn is_processed(&self, partition: i32, event_id: &str) -> Result<bool> {
+        match &self.txlog {
+            Some(txlog) => txlog.is_processed(partition, event_id),
+            None => Ok(false),
+        }
+    }
+
+    /// The group's committed offset of input partition `partition` (the next to read).
+    pub fn committed_offset(&self, partition: i32) -> Option<i64> {
+        self.kafka.committed_offsets().get(&partition).copied()
+    }
+
+    /// The engine's counters, over every start. A batch counts once it is applied: one
+    /// that crashed between its commit and its apply is not counted, as in a process.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    fn instance_dir(&self) -> PathBuf {
+        // Inside the driver's temporary directory (`dir`), removed with the driver.
+        debug_assert!(self.config.state_dir.starts_with(self.dir.path()));
+        self.config.instance_dir()
+    }
+
+    fn open_txlog(&mut self) -> Result<Arc<TxLog>> {
+        if let Some(txlog) = &self.txlog {
+            return Ok(Arc::clone(txlog));
+        }
+        let (txlog, _) = TxLog::open(&self.instance_dir())?;
+        let txlog = Arc::new(txlog);
+        self.txlog = Some(Arc::clone(&txlog));
+        Ok(txlog)
+    }
+}

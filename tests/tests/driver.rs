@@ -1,0 +1,209 @@
+//! The test driver (`onceflow::testing`): the engine's own code over the in-memory log,
+//! without a broker. Each test here is about the driver doing what the engine does —
+//! exactly once through duplicates, every crash point, aborted and failed transactions,
+//! dead letters and the dedup window — and runs in milliseconds.
+//! `driver_parity.rs` checks that it gives what the broker gives.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use onceflow::testing::{CrashPoint, KafkaCall, OutgoingRecord, TestDriver};
+use onceflow::{DeliveryMode, ErrorClass};
+use onceflow_e2e::sum::{Amount, Sum, Summed, amounts, assert_exactly_once, final_sums};
+
+const OUT: &str = "sums";
+
+fn driver(partitions: i32) -> TestDriver<Sum> {
+    TestDriver::new(Sum::new(OUT))
+        .configure(|config| config.output(OUT))
+        .input_partitions(partitions)
+        .topic_partitions(OUT, partitions)
+}
+
+fn keyed(event: &Amount) -> OutgoingRecord {
+    OutgoingRecord::keyed(event.key.clone(), serde_json::to_vec(event).expect("json"))
+}
+
+/// Pipes `events`, and every twentieth once more (a producer's retry): the copies must
+/// change nothing.
+fn pipe_with_copies(driver: &mut TestDriver<Sum>, events: &[Amount]) -> usize {
+    let mut copies = 0;
+    for (i, event) in events.iter().enumerate() {
+        let (partition, offset) = driver.pipe_record(keyed(event));
+        if i % 20 == 7 {
+            driver
+                .pipe_again(partition, offset)
+                .expect("the record just piped");
+            copies += 1;
+        }
+    }
+    copies
+}
+
+fn outputs(driver: &TestDriver<Sum>) -> Vec<Summed> {
+    driver.output_values(OUT).expect("outputs")
+}
+
+/// Each key's state equals its final sum.
+fn assert_state(driver: &TestDriver<Sum>, events: &[Amount], partitions: i32) {
+    for (key, sum) in final_sums(events) {
+        let found: Vec<i64> = (0..partitions)
+            .filter_map(|p| driver.state::<i64>(p, &key).expect("state"))
+            .collect();
+        assert_eq!(found, [sum], "the state of {key}");
+    }
+}
+
+#[tokio::test]
+async fn ten_thousand_records_with_copies_come_out_exactly_once_in_milliseconds() {
+    let mut driver = driver(4);
+    let events = amounts(0, 10_000, 50);
+    let copies = pipe_with_copies(&mut driver, &events);
+    let started = Instant::now();
+    driver.process().await.expect("process");
+    let took = started.elapsed();
+    // Speed is the benchmark's to measure; this only says what the run cost.
+    println!(
+        "the driver processed {} records in {took:?}",
+        events.len() + copies
+    );
+
+    assert_exactly_once(&events, &outputs(&driver));
+    assert_state(&driver, &events, 4);
+    let stats = driver.stats();
+    assert_eq!(stats.duplicates_skipped, copies as u64);
+    assert_eq!(stats.outputs, events.len() as u64);
+    assert_eq!(stats.aborts, 0);
+    // Every partition's offsets are committed to its end.
+    let per_partition = driver.output(OUT).len();
+    assert_eq!(per_partition, events.len());
+    let committed: i64 = (0..4)
+        .map(|p| driver.committed_offset(p).expect("offset"))
+        .sum();
+    assert_eq!(committed as usize, events.len() + copies);
+}
+
+#[tokio::test]
+async fn a_crash_at_every_point_is_survived_exactly_once() {
+    for point in CrashPoint::ALL {
+        let mut driver =
+            driver(2).configure(|config| config.batching(Duration::from_millis(100), 50));
+        let first = amounts(0, 300, 7);
+        pipe_with_copies(&mut driver, &first);
+        if point == CrashPoint::DuringReplay {
+            // Replay happens at a start: a new machine rebuilds the log from the changelog.
+            driver.process().await.expect("first run");
+            driver.lose_local_state().expect("lose the log");
+        }
+        driver.crash_at(point, 3);
+        let second = amounts(300, 300, 7);
+        pipe_with_copies(&mut driver, &second);
+        driver.process().await.expect("process through the crash");
+
+        assert_eq!(driver.crashes(), [point], "crashed once at {point:?}");
+        let events: Vec<Amount> = first.iter().chain(&second).cloned().collect();
+        assert_exactly_once(&events, &outputs(&driver));
+        assert_state(&driver, &events, 2);
+        assert!(
+            driver.uncommitted(OUT).is_empty(),
+            "{point:?}: a transaction left open"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_aborted_transaction_is_never_seen_and_its_batch_is_done_again() {
+    let mut driver = driver(1);
+    let events = amounts(0, 40, 3);
+    pipe_with_copies(&mut driver, &events);
+    driver.fail(KafkaCall::Commit, 1, ErrorClass::Abortable);
+    driver.fail(KafkaCall::SendOffsets, 2, ErrorClass::Retriable);
+    driver.process().await.expect("process");
+    assert_exactly_once(&events, &outputs(&driver));
+    assert_eq!(driver.stats().aborts, 2);
+}
+
+#[tokio::test]
+async fn a_fatal_error_stops_the_instance_and_the_next_start_finishes_the_work() {
+    let mut driver = driver(1);
+    let events = amounts(0, 30, 3);
+    pipe_with_copies(&mut driver, &events);
+    driver.fail(KafkaCall::Commit, 1, ErrorClass::Fatal);
+    let stopped = driver.process().await;
+    assert!(
+        stopped.is_err(),
+        "a fatal commit stops the instance: {stopped:?}"
+    );
+    assert!(
+        outputs(&driver).is_empty(),
+        "nothing of the failed batch is visible"
+    );
+    driver.process().await.expect("started again");
+    assert_exactly_once(&events, &outputs(&driver));
+}
+
+#[tokio::test]
+async fn a_refused_record_is_dead_lettered_once_with_why_and_where_from() {
+    let mut driver = driver(1);
+    let mut events = amounts(0, 10, 2);
+    events[4].amount = -3;
+    for event in &events {
+        driver.pipe_record(keyed(event));
+    }
+    driver.process().await.expect("process");
+    let dead = driver.dead_letters();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let header =
+        |name: &str| String::from_utf8_lossy(dead[0].header(name).expect(name)).into_owned();
+    assert_eq!(header("onceflow-error-class"), "permanent");
+    assert_eq!(header("onceflow-source-offset"), "4");
+    assert!(header("onceflow-error-message").contains("negative amount -3"));
+    let good: Vec<Amount> = events.iter().filter(|e| e.amount >= 0).cloned().collect();
+    assert_exactly_once(&good, &outputs(&driver));
+    assert_eq!(driver.stats().dead_lettered, 1);
+    assert_eq!(driver.committed_offset(0), Some(10));
+}
+
+#[tokio::test]
+async fn an_event_id_is_forgotten_once_the_driver_clock_passes_the_dedup_window() {
+    let mut driver = TestDriver::new(Sum::new(OUT))
+        .configure(|config| config.output(OUT).dedup(Duration::from_secs(3600), None));
+    let event = &amounts(0, 1, 1)[0];
+    driver.pipe_record(keyed(event));
+    driver.process().await.expect("first");
+    driver.advance_time(Duration::from_secs(60));
+    driver.pipe_record(keyed(event));
+    driver.process().await.expect("a copy within the window");
+    assert_eq!(driver.stats().duplicates_skipped, 1);
+    assert_eq!(outputs(&driver).len(), 1);
+
+    driver.advance_time(Duration::from_secs(3600));
+    driver.pipe_record(keyed(event));
+    driver.process().await.expect("a copy past the window");
+    let sums: Vec<i64> = outputs(&driver).iter().map(|o| o.sum).collect();
+    assert_eq!(
+        sums,
+        [event.amount, 2 * event.amount],
+        "processed again, as the window says"
+    );
+}
+
+#[tokio::test]
+async fn at_least_once_loses_nothing_through_a_crash_before_the_offsets_commit() {
+    let mut driver = driver(1).configure(|config| {
+        config
+            .delivery(DeliveryMode::AtLeastOnce)
+            .batching(Duration::from_millis(100), 10)
+    });
+    let events = amounts(0, 50, 3);
+    pipe_with_copies(&mut driver, &events);
+    driver.crash_at(CrashPoint::BeforeCommit, 2);
+    driver.process().await.expect("process");
+    assert_eq!(driver.crashes(), [CrashPoint::BeforeCommit]);
+    let outputs = outputs(&driver);
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for output in &outputs {
+        *seen.entry(output.id.clone().expect("id")).or_default() += 1;
+    }
+    assert_eq!(seen.len(), events.len(), "every event has its output");
+}
