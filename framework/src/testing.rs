@@ -431,7 +431,8 @@ impl<P: Processor> TestDriver<P> {
 
     /// What a `read_committed` reader of `topic` sees, in partition then offset order.
     /// An output renamed in the configuration is read under the topic it goes to.
-    pub fn output(&self, topic: &str) -> Vec<Record> {
+    pub fn output(&self, topic: impl AsRef<str>) -> Vec<Record> {
+        let topic = topic.as_ref();
         let mut records: Vec<Record> = self
             .kafka
             .committed(topic)
@@ -443,7 +444,8 @@ impl<P: Processor> TestDriver<P> {
     }
 
     /// The values of [`TestDriver::output`], decoded from JSON.
-    pub fn output_values<T: DeserializeOwned>(&self, topic: &str) -> Result<Vec<T>> {
+    pub fn output_values<T: DeserializeOwned>(&self, topic: impl AsRef<str>) -> Result<Vec<T>> {
+        let topic = topic.as_ref();
         self.output(topic)
             .iter()
             .map(|record| {
@@ -461,9 +463,9 @@ impl<P: Processor> TestDriver<P> {
 
     /// The records of `topic` in a transaction that is still open (a `read_uncommitted`
     /// reader sees them too): after a crash before the commit, until the next start.
-    pub fn uncommitted(&self, topic: &str) -> Vec<Record> {
+    pub fn uncommitted(&self, topic: impl AsRef<str>) -> Vec<Record> {
         self.kafka
-            .open_records(topic)
+            .open_records(topic.as_ref())
             .iter()
             .map(Stored::to_record)
             .collect()
@@ -471,7 +473,7 @@ impl<P: Processor> TestDriver<P> {
 
     /// The committed dead letters (their headers say why: `onceflow-error-class`, …).
     pub fn dead_letters(&self) -> Vec<Record> {
-        self.output(&self.config.dead_letter_topic())
+        self.output(self.config.dead_letter_topic())
     }
 
     /// The state value of `key` on input partition `partition`, as committed.

@@ -66,7 +66,7 @@ pub(crate) struct Shipment {
 }
 
 /// Stock per item: an order takes its units or is rejected whole.
-#[derive(Processor, Debug)]
+#[derive(Processor, Debug, Clone)]
 #[processor(name = "shop-inventory", input = "orders", input_type = Order,
             outputs = ["reserved-orders", "rejected-orders"])]
 pub(crate) struct Inventory;
@@ -114,7 +114,7 @@ impl Inventory {
 }
 
 /// Points per customer, and the shipment as an effect in the same transaction.
-#[derive(Processor, Debug)]
+#[derive(Processor, Debug, Clone)]
 #[processor(name = "shop-points", input = "reserved-orders", input_type = Reserved,
             outputs = ["points"])]
 pub(crate) struct Points;
@@ -190,5 +190,77 @@ impl Effect for WarehouseClient {
             Ok(response) => Outcome::Ambiguous(format!("HTTP {}", response.status())),
             Err(error) => Outcome::Ambiguous(error.to_string()),
         }
+    }
+}
+
+/// Driver tests of both processors: the engine's own code, no broker (`tests/shop.rs`
+/// runs all six parts as processes through kills).
+#[cfg(test)]
+mod tests {
+    use onceflow::testing::{CrashPoint, TestDriver};
+
+    use super::*;
+
+    fn order(n: u32, item: &str, quantity: u32) -> Order {
+        Order {
+            id: format!("order-{n}"),
+            customer: format!("customer-{}", n % 3),
+            item: item.into(),
+            quantity,
+        }
+    }
+
+    #[tokio::test]
+    async fn stock_is_taken_once_per_order_and_what_it_cannot_cover_is_rejected() -> Result<()> {
+        let mut driver = TestDriver::new(Inventory).input_partitions(2);
+        for n in 0..12 {
+            driver.pipe(&order(n, "item-1", 10))?;
+        }
+        driver.pipe(&order(3, "item-1", 10))?; // the relay published order 3 twice
+        driver.pipe(&order(20, "item-9", 1))?; // not in the catalogue
+        driver.crash_at(CrashPoint::AfterCommitBeforeApply, 1);
+        driver.process().await?;
+
+        let reserved: Vec<Reserved> = driver.output_values(Inventory::RESERVED_ORDERS)?;
+        let left: Vec<u32> = reserved.iter().map(|r| r.stock_left).collect();
+        assert_eq!(left, [90, 80, 70, 60, 50, 40, 30, 20, 10, 0]);
+        let rejected: Vec<Rejected> = driver.output_values(Inventory::REJECTED_ORDERS)?;
+        let orders: Vec<&str> = rejected.iter().map(|r| r.order.as_str()).collect();
+        assert_eq!(orders, ["order-10", "order-11", "order-20"]);
+        let order_3 = reserved.iter().filter(|r| r.order == "order-3").count();
+        assert_eq!(order_3, 1, "the copy was skipped");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn points_add_up_once_and_each_shipment_is_one_intent_in_the_same_transaction()
+    -> Result<()> {
+        let mut driver = TestDriver::new(Points).configure(|config| config.with_effects());
+        let effects = driver.config().effects_topic.clone().expect("effects on");
+        for n in 0..6 {
+            let reserved = Reserved {
+                order: format!("order-{n}"),
+                customer: "customer-1".into(),
+                item: "item-2".into(),
+                quantity: n + 1,
+                stock_left: 0,
+            };
+            driver.pipe(&reserved)?;
+            if n == 2 {
+                driver.pipe(&reserved)?;
+            }
+        }
+        driver.crash_at(CrashPoint::BeforeSendOffsets, 1);
+        driver.process().await?;
+
+        let granted: Vec<Granted> = driver.output_values(Points::POINTS)?;
+        let totals: Vec<u64> = granted.iter().map(|g| g.total).collect();
+        assert_eq!(totals, [10, 30, 60, 100, 150, 210]);
+        assert_eq!(
+            driver.output(&effects).len(),
+            6,
+            "one ship intent per order"
+        );
+        Ok(())
     }
 }
