@@ -21,7 +21,7 @@ use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches};
 
 use crate::Error;
-use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
+use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy, GroupTopic};
 use crate::redact;
 
 /// One setting: its name in the file, its default (`None` when it depends on the
@@ -439,13 +439,15 @@ fn derived(
             declared.outputs.join(","),
             Source::Derived("the processor's declaration"),
         )),
-        "dead_letter_topic" => Some((format!("{}-dlq", group()), Source::Derived("<group>-dlq"))),
-        "changelog_topic" => Some((
-            format!("{}-txlog", group()),
-            Source::Derived("<group>-txlog"),
-        )),
+        "dead_letter_topic" => Some(group_topic(GroupTopic::DeadLetters, &group())),
+        "changelog_topic" => Some(group_topic(GroupTopic::Changelog, &group())),
         _ => None,
     }
+}
+
+/// A topic named after the group, and its pattern as where it came from.
+fn group_topic(topic: GroupTopic, group: &str) -> (String, Source) {
+    (topic.name(group), Source::Derived(topic.pattern()))
 }
 
 /// A host name made into an instance ID: characters Kafka does not take in a
