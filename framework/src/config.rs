@@ -20,20 +20,36 @@ pub enum DeliveryMode {
     AtMostOnce,
 }
 
+impl DeliveryMode {
+    /// Every mode, in the order the documentation lists them.
+    const ALL: [DeliveryMode; 3] = [
+        DeliveryMode::ExactlyOnce,
+        DeliveryMode::AtLeastOnce,
+        DeliveryMode::AtMostOnce,
+    ];
+
+    /// The mode's name in settings: `exactly-once`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DeliveryMode::ExactlyOnce => "exactly-once",
+            DeliveryMode::AtLeastOnce => "at-least-once",
+            DeliveryMode::AtMostOnce => "at-most-once",
+        }
+    }
+}
+
 impl std::str::FromStr for DeliveryMode {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self> {
-        match text {
-            "exactly-once" => Ok(DeliveryMode::ExactlyOnce),
-            "at-least-once" => Ok(DeliveryMode::AtLeastOnce),
-            "at-most-once" => Ok(DeliveryMode::AtMostOnce),
-            other => Err(Error::Config {
+        DeliveryMode::ALL
+            .into_iter()
+            .find(|mode| mode.as_str() == text)
+            .ok_or_else(|| Error::Config {
                 key: "delivery".into(),
-                value: other.into(),
+                value: text.into(),
                 accepted: "exactly-once, at-least-once or at-most-once".into(),
-            }),
-        }
+            })
     }
 }
 
@@ -51,20 +67,64 @@ pub enum ErrorPolicy {
     Stop,
 }
 
+impl ErrorPolicy {
+    /// Every policy, in the order the documentation lists them.
+    const ALL: [ErrorPolicy; 3] = [
+        ErrorPolicy::DeadLetter,
+        ErrorPolicy::Skip,
+        ErrorPolicy::Stop,
+    ];
+
+    /// The policy's name in settings: `dead-letter`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ErrorPolicy::DeadLetter => "dead-letter",
+            ErrorPolicy::Skip => "skip",
+            ErrorPolicy::Stop => "stop",
+        }
+    }
+}
+
 impl std::str::FromStr for ErrorPolicy {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self> {
-        match text {
-            "dead-letter" => Ok(ErrorPolicy::DeadLetter),
-            "skip" => Ok(ErrorPolicy::Skip),
-            "stop" => Ok(ErrorPolicy::Stop),
-            other => Err(Error::Config {
+        ErrorPolicy::ALL
+            .into_iter()
+            .find(|policy| policy.as_str() == text)
+            .ok_or_else(|| Error::Config {
                 key: "on_error".into(),
-                value: other.into(),
+                value: text.into(),
                 accepted: "dead-letter, skip or stop".into(),
-            }),
+            })
+    }
+}
+
+/// A topic onceflow names after the consumer group unless one is configured. This is the
+/// one place such names are made; `--help` and `verify-config` show [`GroupTopic::pattern`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupTopic {
+    /// The changelog, `<group>-txlog`.
+    Changelog,
+    /// The dead letters, `<group>-dlq`.
+    DeadLetters,
+    /// The processor's effect intents, `<group>-effects`.
+    Effects,
+}
+
+impl GroupTopic {
+    /// The name with the group as a placeholder: `<group>-txlog`.
+    pub(crate) const fn pattern(self) -> &'static str {
+        match self {
+            GroupTopic::Changelog => "<group>-txlog",
+            GroupTopic::DeadLetters => "<group>-dlq",
+            GroupTopic::Effects => "<group>-effects",
         }
+    }
+
+    /// The topic's name for `group`: `orders-txlog`.
+    pub(crate) fn name(self, group: &str) -> String {
+        self.pattern().replacen("<group>", group, 1)
     }
 }
 
@@ -276,7 +336,7 @@ impl EngineConfig {
     /// `<group>-effects`, created at start like the changelog; an executor applies them
     /// ([`crate::effects`]).
     pub fn with_effects(mut self) -> Self {
-        self.effects_topic = Some(format!("{}-effects", self.group));
+        self.effects_topic = Some(GroupTopic::Effects.name(&self.group));
         self
     }
 
@@ -290,14 +350,14 @@ impl EngineConfig {
     pub fn dead_letter_topic(&self) -> String {
         self.dead_letter_topic
             .clone()
-            .unwrap_or_else(|| format!("{}-dlq", self.group))
+            .unwrap_or_else(|| GroupTopic::DeadLetters.name(&self.group))
     }
 
     /// The changelog topic name.
     pub fn changelog_topic(&self) -> String {
         self.changelog_topic
             .clone()
-            .unwrap_or_else(|| format!("{}-txlog", self.group))
+            .unwrap_or_else(|| GroupTopic::Changelog.name(&self.group))
     }
 
     /// The value of librdkafka property `key` in `kafka_properties` (the last one set).
@@ -648,6 +708,27 @@ mod tests {
             "{}",
             problems[0]
         );
+    }
+
+    #[test]
+    fn group_topics_are_named_after_the_group_as_their_pattern_says() {
+        let config = EngineConfig::new("k:9092", "billing", "a", "orders", "/tmp/s");
+        assert_eq!(config.dead_letter_topic(), "billing-dlq");
+        assert_eq!(
+            config.clone().with_effects().effects_topic.as_deref(),
+            Some("billing-effects")
+        );
+        assert_eq!(GroupTopic::Changelog.pattern(), "<group>-txlog");
+    }
+
+    #[test]
+    fn every_mode_and_policy_parses_from_its_own_name() {
+        for mode in DeliveryMode::ALL {
+            assert_eq!(mode.as_str().parse::<DeliveryMode>().ok(), Some(mode));
+        }
+        for policy in ErrorPolicy::ALL {
+            assert_eq!(policy.as_str().parse::<ErrorPolicy>().ok(), Some(policy));
+        }
     }
 
     #[test]

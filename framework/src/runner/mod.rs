@@ -26,6 +26,7 @@ use std::process::ExitCode;
 use clap::{Arg, Command};
 
 use crate::Error;
+use crate::config::GroupTopic;
 use crate::effects::{Effect, Intent, Outcome};
 use crate::engine::Engine;
 use crate::engine::Shutdown;
@@ -265,11 +266,11 @@ fn with_executor(mut settings: Settings, has_executor: bool) -> Result<Settings,
         return Ok(settings);
     }
     if settings.engine.effects_topic.is_none() {
-        let topic = format!("{}-effects", settings.engine.group);
+        let topic = GroupTopic::Effects.name(&settings.engine.group);
         settings.resolved.push((
             "effects_topic".into(),
             topic.clone(),
-            settings::Source::Derived("<group>-effects"),
+            settings::Source::Derived(GroupTopic::Effects.pattern()),
         ));
         settings.engine.effects_topic = Some(topic);
     }

@@ -1,0 +1,310 @@
+//! The runner's settings: one table, read from the command line, `ONCEFLOW_*` variables
+//! and a TOML file, in that order of precedence, then checked all at once.
+//!
+//! ```text
+//!  --flag value ─┐
+//!  ONCEFLOW_KEY ─┼─► first one set ─► row's setter ─► EngineConfig + runner options
+//!  file: key = ──┤                      │ problem?
+//!  default ──────┘                      └─► one Error::Config per problem, before connecting
+//! ```
+//!
+//! Every setting has one name: `commit_interval` in the file, `--commit-interval` on the
+//! command line, `ONCEFLOW_COMMIT_INTERVAL` in the environment. Kafka client properties
+//! pass through unchanged: `--kafka key=value`, `ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SSL`
+//! (underscores become dots) or a `[kafka]` table in the file.
+//!
+//! - Each setting is one row of [`table::SETTINGS`]: its names, help, default and setter.
+//! - A default is rendered from [`Settings::start`], which takes the engine's from
+//!   `EngineConfig::new`: there is no second copy to fall out of step.
+//! - Topic names derived from the group are made in `config.rs` only.
+
+mod sources;
+mod table;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use clap::{Arg, ArgAction, ArgMatches};
+
+use crate::Error;
+use crate::config::EngineConfig;
+use crate::redact;
+use table::{Fallback, SETTINGS};
+
+/// Where a value came from, for `verify-config`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// `--flag` on the command line.
+    CommandLine,
+    /// An `ONCEFLOW_*` variable.
+    Environment(String),
+    /// The configuration file.
+    File(PathBuf),
+    /// The built-in default.
+    Default,
+    /// Derived from the processor or the host.
+    Derived(&'static str),
+    /// Read from a file (a Kafka property `<key>.file`) named by another source.
+    SecretFile {
+        /// The file.
+        path: PathBuf,
+        /// Where its name came from.
+        named_by: Box<Source>,
+    },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::CommandLine => f.write_str("command line"),
+            Source::Environment(name) => write!(f, "${name}"),
+            Source::File(path) => write!(f, "{}", path.display()),
+            Source::Default => f.write_str("default"),
+            Source::Derived(from) => f.write_str(from),
+            Source::SecretFile { path, named_by } => {
+                write!(f, "file {} (named by {named_by})", path.display())
+            }
+        }
+    }
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    /// One readable line per event, to stderr.
+    Human,
+    /// One JSON object per event, to stderr.
+    Json,
+}
+
+impl LogFormat {
+    /// Every format.
+    const ALL: [LogFormat; 2] = [LogFormat::Human, LogFormat::Json];
+
+    /// The format's name in settings.
+    fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Human => "human",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// Which engines a process runs, when the binary has an effect executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The processor only.
+    Processor,
+    /// The executor of the processor's effects only.
+    Effects,
+    /// Both, side by side (the default).
+    All,
+}
+
+impl Role {
+    /// Every role.
+    const ALL: [Role; 3] = [Role::Processor, Role::Effects, Role::All];
+
+    /// The role's name in settings.
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::Processor => "processor",
+            Role::Effects => "effects",
+            Role::All => "all",
+        }
+    }
+}
+
+/// What the processor declares, for the defaults that depend on it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Declared {
+    pub(crate) name: String,
+    pub(crate) input: Option<String>,
+    pub(crate) outputs: Vec<String>,
+}
+
+/// The resolved settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) engine: EngineConfig,
+    pub(crate) metrics_address: Option<SocketAddr>,
+    pub(crate) log_format: LogFormat,
+    pub(crate) log_filter: String,
+    /// Which engines this process runs.
+    pub(crate) role: Role,
+    /// Where the executor records results (`effect_results`).
+    pub(crate) effect_results: Option<String>,
+    /// Every setting's final value and where it came from, in table order.
+    pub(crate) resolved: Vec<(String, String, Source)>,
+    /// What the processor declares (the topics the configuration may rename).
+    pub(crate) declared: Declared,
+}
+
+impl Settings {
+    /// What the settings are before any is read: the defaults. The engine's are those of
+    /// `EngineConfig::new`; the runner adds the ones the engine has no default for
+    /// (brokers, state directory) and its own. Group, instance and topics are derived in
+    /// [`resolve`].
+    fn start() -> Settings {
+        Settings {
+            engine: EngineConfig::new("localhost:9092", "", "", "", "onceflow-state"),
+            metrics_address: Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 9464))),
+            log_format: LogFormat::Human,
+            log_filter: "info".into(),
+            role: Role::All,
+            effect_results: None,
+            resolved: Vec::new(),
+            declared: Declared::default(),
+        }
+    }
+}
+
+/// The environment variable of a setting.
+fn env_name(key: &str) -> String {
+    format!("ONCEFLOW_{}", key.to_ascii_uppercase())
+}
+
+/// The command-line flag of a setting.
+fn flag(key: &str) -> String {
+    key.replace('_', "-")
+}
+
+/// The settings as command-line arguments (global, so they may follow a subcommand).
+pub(crate) fn arguments() -> Vec<Arg> {
+    let mut args = vec![
+        Arg::new("config")
+            .long("config")
+            .env("ONCEFLOW_CONFIG")
+            .value_name("FILE")
+            .value_parser(clap::value_parser!(PathBuf))
+            .global(true)
+            .help("TOML file with any of these settings (keys as in the long flag, with _), and a [kafka] table"),
+        Arg::new("kafka")
+            .long("kafka")
+            .value_name("KEY=VALUE")
+            .action(ArgAction::Append)
+            .global(true)
+            .help("Any librdkafka property, for every client (repeatable; also ONCEFLOW_KAFKA_<KEY> with _ for .)"),
+    ];
+    let start = Settings::start();
+    for s in SETTINGS {
+        let mut arg = Arg::new(s.key)
+            .long(flag(s.key))
+            .env(env_name(s.key))
+            .value_name(s.value_name)
+            .help(s.help_text())
+            .global(true);
+        if let Fallback::Value(render) = s.default {
+            arg = arg.default_value(render(&start));
+        }
+        if s.key == "outputs" {
+            arg = arg.visible_alias("output");
+        }
+        if s.key == "require_event_id" {
+            arg = arg.num_args(0..=1).default_missing_value("true");
+        }
+        args.push(arg);
+    }
+    args
+}
+
+/// Reads the settings `matches` (from a command built with [`arguments`]) and the file
+/// it names, and checks them. `env` is the process environment (for the Kafka
+/// pass-through variables); `host` the host name.
+pub(crate) fn resolve(
+    matches: &ArgMatches,
+    env: &BTreeMap<String, String>,
+    declared: &Declared,
+    host: &str,
+) -> Result<Settings, Vec<Error>> {
+    let file = match matches.get_one::<PathBuf>("config") {
+        Some(path) => Some(sources::read_file(path).map_err(|e| vec![e])?),
+        None => None,
+    };
+    // Problems reading the sources come first, then the values that are not valid.
+    let mut problems = Vec::new();
+    let mut invalid = Vec::new();
+    let start = Settings::start();
+    let mut settings = start.clone();
+    let mut resolved = Vec::new();
+    for s in SETTINGS {
+        let picked =
+            sources::given(s, matches, file.as_ref(), &mut problems).or_else(|| match s.default {
+                Fallback::Value(render) => Some((render(&start), Source::Default)),
+                Fallback::Derived(derived) => derived.value(declared, host, &settings.engine.group),
+                Fallback::Unset(_) => None,
+            });
+        match picked {
+            Some((value, source)) => {
+                if let Err(accepted) = (s.set)(&value, &mut settings) {
+                    invalid.push(Error::Config {
+                        key: s.key.into(),
+                        value: value.clone(),
+                        accepted,
+                    });
+                }
+                resolved.push((s.key.to_owned(), value, source));
+            }
+            None => {
+                if let Fallback::Derived(derived) = s.default
+                    && let Some(accepted) = derived.required()
+                {
+                    invalid.push(Error::Config {
+                        key: s.key.into(),
+                        value: String::new(),
+                        accepted: accepted.into(),
+                    });
+                }
+            }
+        }
+    }
+    let kafka = sources::kafka_properties(matches, env, file.as_ref(), &mut problems);
+    for (key, value, source) in &kafka {
+        resolved.push((
+            format!("kafka.{key}"),
+            redact::shown(key, value).to_owned(),
+            source.clone(),
+        ));
+    }
+    settings.engine.kafka_properties = kafka.into_iter().map(|(k, v, _)| (k, v)).collect();
+    problems.append(&mut invalid);
+
+    if problems.is_empty() {
+        problems.extend(settings.engine.problems());
+        let outputs: Vec<&str> = declared.outputs.iter().map(String::as_str).collect();
+        problems.extend(crate::config::unknown_rename(
+            &settings.engine.renamed_outputs,
+            &outputs,
+            &declared.name,
+        ));
+    }
+    if problems.is_empty() {
+        settings.resolved = resolved;
+        settings.declared = declared.clone();
+        Ok(settings)
+    } else {
+        Err(problems)
+    }
+}
+
+/// The processor's declaration, for the runner's defaults.
+pub(crate) fn declared<P: crate::Processor>(processor: &P) -> Declared {
+    Declared {
+        name: processor.name().to_owned(),
+        input: processor.input_topic().map(str::to_owned),
+        outputs: processor
+            .output_topics()
+            .iter()
+            .map(|t| (*t).to_owned())
+            .collect(),
+    }
+}
+
+/// Every setting key.
+#[cfg(test)]
+pub(crate) fn keys() -> impl Iterator<Item = &'static str> {
+    SETTINGS.iter().map(|s| s.key)
+}
