@@ -192,6 +192,10 @@ pub struct EngineConfig {
     /// The topic [`crate::Context::effect`] writes effect intents to, in the batch's
     /// transaction; `None` (the default): effects are off. See [`crate::effects`].
     pub effects_topic: Option<String>,
+    /// How far behind its event time (the highest record timestamp processed) a
+    /// partition's event-time timers fire: records up to this late still come before
+    /// the timers they precede (default 0).
+    pub timer_lateness: Duration,
     /// The wall clock of dedup entries: the system's, or a test driver's.
     pub(crate) clock: crate::clock::Clock,
 }
@@ -228,6 +232,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("max_attempts", &self.max_attempts)
             .field("max_retry_time", &self.max_retry_time)
             .field("effects_topic", &self.effects_topic)
+            .field("timer_lateness", &self.timer_lateness)
             .finish()
     }
 }
@@ -269,6 +274,7 @@ impl EngineConfig {
             max_attempts: 5,
             max_retry_time: Duration::from_secs(10),
             effects_topic: None,
+            timer_lateness: Duration::ZERO,
             clock: crate::clock::Clock::System,
         }
     }

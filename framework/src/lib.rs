@@ -11,6 +11,8 @@
 //! - [`Engine`]: runs one instance of an operator from an [`EngineConfig`];
 //! - [`Error`], the one error type, which tells its caller whether a failure is worth
 //!   retrying, needs the open transaction aborted, or is fatal;
+//! - timers ([`Context::schedule`], [`Processor::on_timer`]) by the wall clock or by
+//!   event time, and [`windows`]: tumbling and hopping windows with a grace period;
 //! - [`effects`]: side effects (a payment API, a database) exactly once, recorded as
 //!   intents in the batch's transaction and applied by an executor with idempotency keys
 //!   and check-back;
@@ -45,7 +47,9 @@ mod processor;
 mod redact;
 #[cfg(feature = "runner")]
 mod runner;
+mod timers;
 mod txlog;
+pub mod windows;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -63,6 +67,7 @@ pub use onceflow_macros::{Event, Processor};
 pub use processor::{Context, OutputRecord, Processor, RecordMeta, State, Topic};
 #[cfg(feature = "runner")]
 pub use runner::{run, run_with_args, run_with_effects, run_with_effects_and_args};
+pub use timers::{Timer, TimerClock};
 
 /// The transaction log's hot path for the benchmark crate (feature `bench-internals`).
 /// Not public API: it may change in any release.
@@ -77,6 +82,7 @@ pub mod __bench {
 pub mod __private {
     pub use crate::event::{Event, EventId};
     pub use crate::processor::{Context, Processor, Topic};
+    pub use crate::timers::Timer;
     pub use crate::{Error, Result};
     pub use async_trait::async_trait;
     pub use std::option::Option;

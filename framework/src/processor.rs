@@ -78,6 +78,24 @@ pub trait Processor: Send + 'static {
     fn partitions_assigned(&mut self, partitions: &[i32]) {
         let _ = partitions;
     }
+
+    /// Whether the processor uses timers ([`Context::schedule`]): then the engine keeps
+    /// each partition's event time and fires due timers through [`Processor::on_timer`].
+    /// `#[derive(Processor)]` says so for `timer = method`. The default is `false`: a
+    /// processor that schedules timers without saying so is refused when it schedules.
+    fn uses_timers(&self) -> bool {
+        false
+    }
+
+    /// Handles a timer that is due, in the transaction that removes it: what it does
+    /// through `ctx` (emit, change state, schedule again) commits with the removal, so a
+    /// timer fires once. It runs with the state of `timer.partition`. An error is handled
+    /// like a record's (per `on_error`: the timer is dead-lettered, as a record whose key
+    /// is the timer's key, skipped, or the instance stops). The default does nothing.
+    async fn on_timer(&mut self, timer: crate::Timer, ctx: &mut Context<'_>) -> Result<()> {
+        let _ = (timer, ctx);
+        Ok(())
+    }
 }
 
 /// Where an input record came from.
@@ -219,6 +237,12 @@ pub struct Context<'a> {
     pub(crate) operator: &'a str,
     /// Effects this attempt at the record recorded so far: the next one's index.
     pub(crate) effects_recorded: u32,
+    /// The engine's clock when the batch started (ms since the epoch).
+    pub(crate) now_ms: i64,
+    /// Whether the processor said it uses timers ([`Processor::uses_timers`]).
+    pub(crate) timers: bool,
+    /// `timer_lateness`, in ms: event-time timers fire this far behind the event time.
+    pub(crate) timer_lateness_ms: i64,
 }
 
 impl std::fmt::Debug for Context<'_> {
@@ -450,6 +474,75 @@ impl Context<'_> {
     pub fn event_id(&self) -> Option<&str> {
         self.meta.event_id.as_deref()
     }
+
+    /// The engine's wall clock when this batch started, in milliseconds since the epoch
+    /// (the system's clock; in the test driver, the driver's).
+    pub fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+
+    /// Schedules timer `key` of this input partition at `due_ms` by `clock`; a timer of
+    /// the same key is moved. It is part of the partition's state: it commits with this
+    /// batch (an aborted batch never scheduled it), survives restarts and moves with the
+    /// partition. When due, [`Processor::on_timer`] gets it, once.
+    ///
+    /// ```
+    /// # use onceflow::{Context, Result, TimerClock};
+    /// # fn f(ctx: &mut Context<'_>, card: &str) -> Result<()> {
+    /// // A minute of event time after this payment's timestamp.
+    /// let at = ctx.record().timestamp_ms.unwrap_or(0) + 60_000;
+    /// ctx.schedule(&format!("close/{card}"), TimerClock::EventTime, at)
+    /// # }
+    /// ```
+    pub fn schedule(&mut self, key: &str, clock: crate::TimerClock, due_ms: i64) -> Result<()> {
+        self.check_timers()?;
+        crate::timers::schedule(&mut *self.state, self.meta.partition, key, clock, due_ms)
+    }
+
+    /// Schedules timer `key` `after` from now by the wall clock ([`Context::now_ms`]).
+    pub fn schedule_after(&mut self, key: &str, after: std::time::Duration) -> Result<()> {
+        let after = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
+        let due = self.now_ms.saturating_add(after);
+        self.schedule(key, crate::TimerClock::WallClock, due)
+    }
+
+    /// Cancels timer `key` of this input partition: whether it was scheduled.
+    pub fn cancel(&mut self, key: &str) -> Result<bool> {
+        self.check_timers()?;
+        crate::timers::cancel(&mut *self.state, self.meta.partition, key)
+    }
+
+    /// When timer `key` of this partition is due, and by which clock, if scheduled.
+    pub fn scheduled(&self, key: &str) -> Result<Option<(crate::TimerClock, i64)>> {
+        crate::timers::scheduled(&*self.state, self.meta.partition, key)
+    }
+
+    /// This partition's event time: the highest record timestamp processed so far
+    /// (this record's included), kept only for a processor that uses timers.
+    pub fn event_time(&self) -> Result<Option<i64>> {
+        crate::timers::event_time(&*self.state, self.meta.partition)
+    }
+
+    /// Up to where this partition's event-time timers fire: its event time minus
+    /// `timer_lateness` (`None` before its first record with a timestamp). A timer due
+    /// at or before it has fired, or fires right after this record.
+    pub fn watermark(&self) -> Result<Option<i64>> {
+        Ok(self
+            .event_time()?
+            .map(|at| at.saturating_sub(self.timer_lateness_ms)))
+    }
+
+    fn check_timers(&self) -> Result<()> {
+        if self.timers {
+            return Ok(());
+        }
+        Err(Error::Config {
+            key: "timers".into(),
+            value: "(not used by this processor)".into(),
+            accepted: "a processor that implements `on_timer` and returns true from                        `Processor::uses_timers` (`#[processor(timer = method)]` does both)"
+                .into(),
+        })
+    }
 }
 
 /// Typed key-value state scoped to one input partition (values as JSON).
@@ -480,8 +573,14 @@ impl State<'_> {
             .transpose()
     }
 
-    /// Sets `key` to `value`.
+    /// Sets `key` to `value`. Keys starting with `"\0onceflow/"` are the engine's (timers).
     pub fn put<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> Result<()> {
+        if key.starts_with(crate::timers::RESERVED) {
+            return Err(Error::processing(format!(
+                "state key {key:?} starts with {:?}, which onceflow keeps for its timers",
+                crate::timers::RESERVED
+            )));
+        }
         let bytes = Json.encode(value).map_err(|message| Error::Encode {
             what: format!("state `{key}`"),
             message,

@@ -157,9 +157,11 @@ pub(crate) struct ProcessorArgs {
     pub(crate) input: Option<LitStr>,
     pub(crate) outputs: Vec<LitStr>,
     pub(crate) handler: Option<Ident>,
+    /// `timer = method`: the method `on_timer` calls; the processor uses timers.
+    pub(crate) timer: Option<Ident>,
 }
 
-const PROCESSOR_KEYS: &str = "`name`, `input_type`, `input`, `outputs` and `handler`";
+const PROCESSOR_KEYS: &str = "`name`, `input_type`, `input`, `outputs`, `handler` and `timer`";
 
 /// A key given in `#[processor(...)]`: where it was given, and its value if that was valid.
 struct Slot<T> {
@@ -204,6 +206,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
     let mut input_topic = Slot::<LitStr>::default();
     let mut outputs = Slot::<Vec<LitStr>>::default();
     let mut handler = Slot::<Ident>::default();
+    let mut timer = Slot::<Ident>::default();
     let mut readable = true;
 
     for attr in &attrs {
@@ -229,6 +232,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
                 "input" => &mut input_topic.given,
                 "outputs" => &mut outputs.given,
                 "handler" => &mut handler.given,
+                "timer" => &mut timer.given,
                 _ => {
                     skip_value(&meta)?;
                     errors.push(meta.error(format!(
@@ -242,6 +246,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
                 "input_type" => "input_type = Order".to_owned(),
                 "input" => "input = \"orders\"".to_owned(),
                 "outputs" => "outputs = [\"invoices\", \"audit\"]".to_owned(),
+                "timer" => "timer = on_timer".to_owned(),
                 _ => "handler = handle".to_owned(),
             };
             if !meta.input.peek(Token![=]) {
@@ -264,6 +269,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
                         "name" => name.value = topic_like(&expr, key, &example, errors),
                         "input" => input_topic.value = topic_like(&expr, key, &example, errors),
                         "outputs" => outputs.value = outputs_value(&expr, &example, errors),
+                        "timer" => timer.value = method_value(&expr, ident, "timer", errors),
                         _ => handler.value = handler_value(&expr, ident, errors),
                     }
                 }
@@ -299,6 +305,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
         input: input_topic.value,
         outputs: outputs.value.unwrap_or_default(),
         handler: handler.value,
+        timer: timer.value,
     })
 }
 
@@ -438,6 +445,15 @@ pub(crate) fn topic_const_name(topic: &str) -> String {
 
 /// `handler = handle_order`: the name of an inherent method.
 fn handler_value(expr: &Expr, ty: &Ident, errors: &mut Errors) -> Option<Ident> {
+    method_value(expr, ty, "handler", errors)
+}
+
+/// `handler = handle_order`, `timer = on_timer`: the name of an inherent method.
+fn method_value(expr: &Expr, ty: &Ident, key: &str, errors: &mut Errors) -> Option<Ident> {
+    let (example, signature) = match key {
+        "timer" => ("on_timer", "timer: onceflow::Timer, ctx"),
+        _ => ("handle_order", "input, ctx"),
+    };
     if let Expr::Path(path) = expr
         && path.qself.is_none()
         && path.attrs.is_empty()
@@ -448,11 +464,11 @@ fn handler_value(expr: &Expr, ty: &Ident, errors: &mut Errors) -> Option<Ident> 
     if let Some(text) = string_literal(expr) {
         let message = match syn::parse_str::<Ident>(&text.value()) {
             Ok(ident) => format!(
-                "`handler` takes the method's name, not a string: write `handler = {ident}` without quotes"
+                "`{key}` takes the method's name, not a string: write `{key} = {ident}` without quotes"
             ),
-            Err(_) => format!(
-                "`handler` takes the name of a method of `{ty}`, e.g. `handler = handle_order`"
-            ),
+            Err(_) => {
+                format!("`{key}` takes the name of a method of `{ty}`, e.g. `{key} = {example}`")
+            }
         };
         errors.spanned(text, message);
         return None;
@@ -460,8 +476,8 @@ fn handler_value(expr: &Expr, ty: &Ident, errors: &mut Errors) -> Option<Ident> 
     errors.spanned(
         expr,
         format!(
-            "`handler` must be the name of an inherent method of `{ty}` (`async fn(&mut self, \
-             input, ctx) -> onceflow::Result<()>`), e.g. `handler = handle_order`"
+            "`{key}` must be the name of an inherent method of `{ty}` (`async fn(&mut self, \
+             {signature}) -> onceflow::Result<()>`), e.g. `{key} = {example}`"
         ),
     );
     None
@@ -515,7 +531,8 @@ mod tests {
     fn reads_every_key() {
         let (args, errors) = parse(
             r#"#[processor(name = "billing", input = "orders", input_type = Vec<Order>,
-                           outputs = ["invoices", "audit"], handler = on_order)]
+                           outputs = ["invoices", "audit"], handler = on_order,
+                           timer = on_tick)]
                struct Billing;"#,
         );
         assert!(errors.is_empty(), "{errors:?}");
@@ -529,6 +546,7 @@ mod tests {
         let outputs: Vec<String> = args.outputs.iter().map(LitStr::value).collect();
         assert_eq!(outputs, ["invoices", "audit"]);
         assert_eq!(args.handler.expect("handler").to_string(), "on_order");
+        assert_eq!(args.timer.expect("timer").to_string(), "on_tick");
     }
 
     #[test]

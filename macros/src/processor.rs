@@ -25,6 +25,7 @@ pub(crate) fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
         input: input_topic,
         outputs,
         handler,
+        timer,
     } = errors.finish(args)?.ok_or_else(|| {
         // Unreachable in practice: whatever made the arguments unusable was reported.
         syn::Error::new_spanned(
@@ -39,6 +40,21 @@ pub(crate) fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
     };
     // A missing method is reported at `handler = ...`, or at the derive for the default.
     let handler = handler.unwrap_or_else(|| Ident::new("handle", Span::call_site()));
+    let timers = timer.map(|timer| {
+        quote! {
+            fn uses_timers(&self) -> bool {
+                true
+            }
+
+            async fn on_timer(
+                &mut self,
+                timer: ::onceflow::__private::Timer,
+                ctx: &mut ::onceflow::__private::Context<'_>,
+            ) -> ::onceflow::__private::Result<()> {
+                Self::#timer(self, timer, ctx).await
+            }
+        }
+    });
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     let vis = &input.vis;
     let constants = outputs.iter().map(|topic| {
@@ -85,6 +101,8 @@ pub(crate) fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
                 ) -> ::onceflow::__private::Result<()> {
                     Self::#handler(self, input, ctx).await
                 }
+
+                #timers
             }
         };
     })

@@ -117,6 +117,19 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                 }
             }
         }
+        if processor.uses_timers() {
+            let partitions: BTreeSet<i32> = records.iter().map(|r| r.partition).collect();
+            for partition in partitions {
+                self.fire_due(
+                    processor,
+                    &mut part,
+                    partition,
+                    crate::TimerClock::WallClock,
+                    None,
+                )
+                .await?;
+            }
+        }
         self.commit(&records[first..], part)
             .await
             .map_err(|e| timed_out(e, begun))
@@ -160,6 +173,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         let seen = Seen {
             view: View::new(&part.snapshot, &part.overlay),
             window_start_ms: part.window_start_ms,
+            now_ms: part.now_ms,
         };
         let (outputs, writes, event_id) =
             match rules.handle(processor, record, &seen, retry).await? {
@@ -191,6 +205,24 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         }
         crash_point!(await "onceflow-after-process");
         merge(&mut part.overlay, writes);
+        self.send_outputs(outputs, part).await?;
+        crash_point!(await "onceflow-after-produce");
+        if let Some(id) = event_id {
+            part.overlay
+                .mark_processed(record.partition, id, record.offset, now_ms);
+        }
+        if processor.uses_timers() {
+            self.after_record(processor, record, part).await?;
+        }
+        Ok(Step::Next)
+    }
+
+    /// Sends what a record (or a timer) emitted into the open transaction.
+    pub(super) async fn send_outputs(
+        &self,
+        outputs: Vec<crate::processor::Output>,
+        part: &mut Part<'_, K::Pending>,
+    ) -> Result<()> {
         for output in outputs {
             let headers: Vec<(&str, Option<&[u8]>)> = output
                 .headers
@@ -210,12 +242,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                     .await?,
             );
         }
-        crash_point!(await "onceflow-after-produce");
-        if let Some(id) = event_id {
-            part.overlay
-                .mark_processed(record.partition, id, record.offset, now_ms);
-        }
-        Ok(Step::Next)
+        Ok(())
     }
 
     /// Counts a record processed without an event ID; warns once per instance: a
@@ -261,12 +288,14 @@ pub(super) struct Part<'a, P> {
     pub(super) failed: Failures<P>,
     /// When the part started: the time of its dedup entries and expiries.
     pub(super) now_ms: i64,
+    /// Timers fired in this part.
+    pub(super) timers_fired: u64,
     /// Dedup entries processed before this are outside the window: not duplicates.
     pub(super) window_start_ms: i64,
 }
 
 impl<'a, P> Part<'a, P> {
-    fn new(txlog: &'a TxLog, config: &EngineConfig) -> Result<Self> {
+    pub(super) fn new(txlog: &'a TxLog, config: &EngineConfig) -> Result<Self> {
         let now_ms = config.clock.now_ms();
         let window_ms = i64::try_from(config.dedup_window.as_millis()).unwrap_or(i64::MAX);
         Ok(Part {
@@ -281,13 +310,14 @@ impl<'a, P> Part<'a, P> {
                 skipped: 0,
             },
             now_ms,
+            timers_fired: 0,
             window_start_ms: now_ms.saturating_sub(window_ms),
         })
     }
 }
 
 /// Moves one record's writes into the batch's overlay.
-fn merge(batch: &mut Overlay, writes: Vec<(i32, Vec<Change>)>) {
+pub(super) fn merge(batch: &mut Overlay, writes: Vec<(i32, Vec<Change>)>) {
     for (partition, changes) in writes {
         for change in changes {
             match change {

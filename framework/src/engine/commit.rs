@@ -41,6 +41,8 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     pub(super) async fn open(&self, records: &[kafka::Record]) -> Result<()> {
         match self.config.delivery {
             DeliveryMode::ExactlyOnce => self.producer.begin(),
+            // A batch of timers alone has no offsets to commit.
+            DeliveryMode::AtMostOnce if records.is_empty() => Ok(()),
             DeliveryMode::AtMostOnce => self.consumer.commit(next_offsets(records)).await,
             DeliveryMode::AtLeastOnce => Ok(()),
         }
@@ -127,9 +129,11 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         };
         match config.delivery {
             DeliveryMode::ExactlyOnce => {
-                self.producer
-                    .send_offsets(self.consumer, &config.input_topic, next_offsets.clone())
-                    .await?;
+                if !next_offsets.is_empty() {
+                    self.producer
+                        .send_offsets(self.consumer, &config.input_topic, next_offsets.clone())
+                        .await?;
+                }
                 crash_point!(await "onceflow-before-commit");
                 self.producer.commit().await?;
                 await_changelog(pending_changelog).await?;
@@ -138,7 +142,9 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                 self.producer.flush().await?;
                 await_changelog(pending_changelog).await?;
                 crash_point!(await "onceflow-before-commit");
-                self.consumer.commit(next_offsets.clone()).await?;
+                if !next_offsets.is_empty() {
+                    self.consumer.commit(next_offsets.clone()).await?;
+                }
             }
             DeliveryMode::AtMostOnce => {
                 self.producer.flush().await?;
@@ -174,6 +180,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         Stats::add(&self.stats.dead_lettered, part.failed.dead_lettered);
         Stats::add(&self.stats.skipped, part.failed.skipped);
         Stats::add(&self.stats.without_event_id, part.without_id);
+        Stats::add(&self.stats.timers_fired, part.timers_fired);
         Stats::add(&self.stats.commits, 1);
         metrics::histogram!("onceflow_batch_records").record(records.len() as f64);
         tracing::debug!(

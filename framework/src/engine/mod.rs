@@ -72,6 +72,7 @@ mod seams;
 mod serve;
 mod startup;
 mod stats;
+mod timers;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -38,6 +38,8 @@ pub(super) struct Seen<'a> {
     pub(super) view: View<'a>,
     /// Dedup entries processed before this are outside the window: not duplicates.
     pub(super) window_start_ms: i64,
+    /// The engine's clock at the batch part's start.
+    pub(super) now_ms: i64,
 }
 
 /// What to do with one record.
@@ -150,7 +152,7 @@ impl Rules<'_> {
     /// checked first and is this input's failure, before any of it enters the
     /// transaction. The same for what it adds to the changelog: a state value (or an
     /// event ID) over the changelog's limit would fail every transaction it is in.
-    fn oversized(
+    pub(super) fn oversized(
         &self,
         event_id: Option<&str>,
         writes: &[(i32, Vec<Change>)],
@@ -262,6 +264,9 @@ impl Rules<'_> {
                 effects_topic: self.config.effects_topic.as_deref(),
                 operator: &self.config.group,
                 effects_recorded: 0,
+                now_ms: seen.now_ms,
+                timers: processor.uses_timers(),
+                timer_lateness_ms: crate::timers::millis(config.timer_lateness),
             };
             let call = AssertUnwindSafe(processor.process(this_input, &mut ctx))
                 .catch_unwind()
@@ -363,7 +368,7 @@ fn header_event_id(bytes: &[u8]) -> String {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

@@ -72,13 +72,22 @@ where
             Err(error) => break Err(error),
         }
         parts.stats.set_phase(Phase::Running);
-        if polled.records.is_empty() {
-            continue;
-        }
         let span = tracing::info_span!("batch", records = polled.records.len());
         let one_by_one =
             refused && failures >= ISOLATE_AFTER && config.delivery != DeliveryMode::AtMostOnce;
-        let failed = if one_by_one {
+        let failed = if polled.records.is_empty() {
+            // No records: the wall-clock timers that came due meanwhile fire alone.
+            if !processor.uses_timers() || owned.is_empty() {
+                continue;
+            }
+            parts
+                .batch(&*producer)
+                .run_timers(processor, owned)
+                .instrument(span)
+                .await
+                .err()
+                .map(Failed::Batch)
+        } else if one_by_one {
             isolate(parts, resync, processor, producer, owned, polled.records)
                 .instrument(span)
                 .await

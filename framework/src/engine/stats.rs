@@ -17,6 +17,7 @@ pub struct Stats {
     pub(crate) skipped: AtomicU64,
     pub(crate) without_event_id: AtomicU64,
     pub(crate) assignments: AtomicU64,
+    pub(crate) timers_fired: AtomicU64,
     phase: AtomicU8,
 }
 
@@ -66,6 +67,8 @@ pub struct StatsSnapshot {
     /// replay). One per start in a stable group: more mean the member was taken out of
     /// the group and joined again.
     pub assignments: u64,
+    /// Timers that fired ([`crate::Processor::on_timer`]), in committed batches.
+    pub timers_fired: u64,
 }
 
 impl Stats {
@@ -84,6 +87,7 @@ impl Stats {
             skipped: get(&self.skipped),
             without_event_id: get(&self.without_event_id),
             assignments: get(&self.assignments),
+            timers_fired: get(&self.timers_fired),
         }
     }
 

@@ -44,6 +44,31 @@ impl<'a> View<'a> {
                 .is_processed(partition, id, window_start_ms)?)
     }
 
+    /// `partition`'s state entries with keys in `from..to` as the batch sees them (its
+    /// writes over the committed log), in key order, the first `limit`.
+    pub(crate) fn state_range(
+        &self,
+        partition: i32,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let written = self.batch.state_range(partition, from, to);
+        // Enough committed entries that `limit` remain after the batch's deletions.
+        let committed =
+            self.committed
+                .state_range(partition, from, to, limit.saturating_add(written.len()))?;
+        let mut merged: std::collections::BTreeMap<Vec<u8>, Vec<u8>> =
+            committed.into_iter().collect();
+        for (key, value) in written {
+            match value {
+                Some(value) => merged.insert(key, value),
+                None => merged.remove(&key),
+            };
+        }
+        Ok(merged.into_iter().take(limit).collect())
+    }
+
     /// A savepoint for one record: its writes go to a layer of their own.
     pub(crate) fn record(self) -> Layers<'a> {
         Layers {

@@ -45,6 +45,30 @@ impl Overlay {
         Some(value.as_deref())
     }
 
+    /// The batch's writes of `partition`'s state keys in `from..to`, in key order
+    /// (`None`: deleted in this batch).
+    pub(crate) fn state_range(
+        &self,
+        partition: i32,
+        from: &[u8],
+        to: &[u8],
+    ) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let Some(writes) = self.partitions.get(&partition) else {
+            return Vec::new();
+        };
+        if from >= to {
+            return Vec::new();
+        }
+        writes
+            .state
+            .range::<[u8], _>((
+                std::ops::Bound::Included(from),
+                std::ops::Bound::Excluded(to),
+            ))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect()
+    }
+
     /// Sets state `key` of `partition` to `value`.
     pub(crate) fn put(&mut self, partition: i32, key: Vec<u8>, value: Vec<u8>) {
         self.writes(partition).state.insert(key, Some(value));

@@ -85,6 +85,26 @@ impl Snapshot<'_> {
             .map_err(|e| self.log.error("reading state", e))?;
         Ok(found.map(|guard| guard.value().to_vec()))
     }
+    /// State entries of `partition` with keys in `from..to`, in key order, at most `limit`.
+    pub(crate) fn state_range(
+        &self,
+        partition: i32,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let doing = "reading a range of state";
+        let range = self
+            .state
+            .range::<(i32, &[u8])>((partition, from)..(partition, to))
+            .map_err(|e| self.log.error(doing, e))?;
+        let mut entries = Vec::new();
+        for entry in range.take(limit) {
+            let (key, value) = entry.map_err(|e| self.log.error(doing, e))?;
+            entries.push((key.value().1.to_vec(), value.value().to_vec()));
+        }
+        Ok(entries)
+    }
 }
 
 impl TxLog {

@@ -396,6 +396,16 @@ pub(super) const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "timer_lateness",
+        value_name: "DURATION",
+        help: "How far behind a partition's event time its event-time timers fire",
+        default: Fallback::Value(|s| duration_text(s.engine.timer_lateness)),
+        set: |text, s| {
+            s.engine.timer_lateness = duration(text)?;
+            Ok(())
+        },
+    },
+    Setting {
         key: "metrics_address",
         value_name: "ADDR|off",
         help: "Where /metrics and /healthz are served",

@@ -16,7 +16,8 @@ struct Order {
     input = "orders",
     input_type = Order,
     outputs = ["invoices", "audit", "audit-log.v2"],
-    handler = bill
+    handler = bill,
+    timer = remind
 )]
 struct Billing {
     billed: usize,
@@ -28,7 +29,12 @@ impl Billing {
         let total = ctx.state().get::<i64>(&order.customer)?.unwrap_or(0) + order.amount;
         ctx.state().put(&order.customer, &total)?;
         ctx.emit(Self::INVOICES, &order.customer, &total)?;
+        ctx.schedule_after(&order.id, std::time::Duration::from_secs(60))?;
         ctx.emit("audit", &order.id, &order.amount)
+    }
+
+    async fn remind(&mut self, timer: onceflow::Timer, ctx: &mut Context<'_>) -> Result<()> {
+        ctx.emit("audit", &timer.key, &timer.due_ms)
     }
 }
 
@@ -48,4 +54,5 @@ fn main() {
     let names: Vec<&str> = constants.iter().map(|t| t.name()).collect();
     assert_eq!(names, billing.output_topics());
     assert_eq!(billing.billed, 0);
+    assert!(billing.uses_timers(), "`timer = ...` says the processor uses timers");
 }

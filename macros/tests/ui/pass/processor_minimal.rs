@@ -47,6 +47,7 @@ fn main() {
     assert_eq!(Ticker.name(), "ticker");
     assert_eq!(Ticker.input_topic(), None);
     assert!(Ticker.output_topics().is_empty());
+    assert!(!Ticker.uses_timers(), "no `timer = ...`: no timers");
 
     let generic = Generic::<String> { seen: Vec::new() };
     assert_eq!(generic.name(), "generic");
