@@ -81,6 +81,7 @@ pub fn set_of<'a>(lists: impl IntoIterator<Item = &'a [String]>) -> BTreeSet<Str
     lists.into_iter().flatten().cloned().collect()
 }
 
+pub mod buckets;
 pub mod child;
 pub mod effects;
 pub mod poison;
