@@ -86,7 +86,10 @@ impl EventId for uuid::Uuid {
     }
 }
 
-/// Turns values into bytes and back. [`Json`] is the default.
+/// Turns values into bytes and back, through serde. [`Json`] is the default; a processor
+/// reads its input with another one through [`crate::Processor::decode_input`] (or
+/// `#[processor(codec = MyCodec)]`) and emits with one through
+/// [`crate::Context::emit_with`]. State values stay JSON.
 pub trait Codec: Send + Sync + 'static {
     /// Decodes `bytes` into a `T`, or says why not.
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String>;

@@ -80,12 +80,13 @@ pub mod __bench {
 /// What the derive macros expand to. Not public API: it may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::event::{Event, EventId};
+    pub use crate::event::{Codec, Event, EventId};
     pub use crate::processor::{Context, Processor, Topic};
     pub use crate::timers::Timer;
     pub use crate::{Error, Result};
     pub use async_trait::async_trait;
     pub use std::option::Option;
+    pub use std::result::Result as StdResult;
     pub use std::string::{String, ToString};
 }
 

@@ -62,6 +62,13 @@ pub trait Processor: Send + 'static {
         &[]
     }
 
+    /// Decodes an input record's value: JSON by default. Override it (or give
+    /// `#[processor(codec = MyCodec)]`) to read another serde format; an error is the
+    /// record's (class `decode`, dead-lettered per `on_error`).
+    fn decode_input(&self, bytes: &[u8]) -> std::result::Result<Self::Input, String> {
+        Json.decode(bytes)
+    }
+
     /// Handles one event. A transient error ([`Error::transient`]) is tried again with
     /// backoff; a permanent one ([`Error::processing`]), a panic, or a transient one that
     /// outlasts its retries is handled per `EngineConfig::on_error`: dead-lettered (the
@@ -338,6 +345,29 @@ impl Context<'_> {
         let topic = topic.as_ref();
         let value = encoded(topic, event)?;
         self.emit_bytes(topic, event.key().map(String::into_bytes), value)
+    }
+
+    /// Emits `value` encoded by `codec` (instead of JSON) with `key` to `topic`.
+    ///
+    /// ```
+    /// # use onceflow::{Codec, Context, Json, Result};
+    /// # fn f(ctx: &mut Context<'_>) -> Result<()> {
+    /// ctx.emit_with(&Json, "invoices", "c-1", &42) // any `Codec`: CBOR, MessagePack, …
+    /// # }
+    /// ```
+    pub fn emit_with<C: Codec, V: Serialize + ?Sized>(
+        &mut self,
+        codec: &C,
+        topic: impl AsRef<str>,
+        key: &str,
+        value: &V,
+    ) -> Result<()> {
+        let topic = topic.as_ref();
+        let value = codec.encode(value).map_err(|message| Error::Encode {
+            what: format!("a record for `{topic}`"),
+            message,
+        })?;
+        self.emit_bytes(topic, Some(key.as_bytes().to_vec()), value)
     }
 
     /// Emits raw bytes to `topic`, one of the declared outputs.

@@ -159,9 +159,12 @@ pub(crate) struct ProcessorArgs {
     pub(crate) handler: Option<Ident>,
     /// `timer = method`: the method `on_timer` calls; the processor uses timers.
     pub(crate) timer: Option<Ident>,
+    /// `codec = Cbor`: the codec value the input is decoded with (default JSON).
+    pub(crate) codec: Option<Expr>,
 }
 
-const PROCESSOR_KEYS: &str = "`name`, `input_type`, `input`, `outputs`, `handler` and `timer`";
+const PROCESSOR_KEYS: &str =
+    "`name`, `input_type`, `input`, `outputs`, `handler`, `timer` and `codec`";
 
 /// A key given in `#[processor(...)]`: where it was given, and its value if that was valid.
 struct Slot<T> {
@@ -207,6 +210,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
     let mut outputs = Slot::<Vec<LitStr>>::default();
     let mut handler = Slot::<Ident>::default();
     let mut timer = Slot::<Ident>::default();
+    let mut codec = Slot::<Expr>::default();
     let mut readable = true;
 
     for attr in &attrs {
@@ -233,6 +237,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
                 "outputs" => &mut outputs.given,
                 "handler" => &mut handler.given,
                 "timer" => &mut timer.given,
+                "codec" => &mut codec.given,
                 _ => {
                     skip_value(&meta)?;
                     errors.push(meta.error(format!(
@@ -247,6 +252,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
                 "input" => "input = \"orders\"".to_owned(),
                 "outputs" => "outputs = [\"invoices\", \"audit\"]".to_owned(),
                 "timer" => "timer = on_timer".to_owned(),
+                "codec" => "codec = MyCodec".to_owned(),
                 _ => "handler = handle".to_owned(),
             };
             if !meta.input.peek(Token![=]) {
@@ -270,6 +276,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
                         "input" => input_topic.value = topic_like(&expr, key, &example, errors),
                         "outputs" => outputs.value = outputs_value(&expr, &example, errors),
                         "timer" => timer.value = method_value(&expr, ident, "timer", errors),
+                        "codec" => codec.value = Some(expr),
                         _ => handler.value = handler_value(&expr, ident, errors),
                     }
                 }
@@ -306,6 +313,7 @@ pub(crate) fn processor_args(input: &DeriveInput, errors: &mut Errors) -> Option
         outputs: outputs.value.unwrap_or_default(),
         handler: handler.value,
         timer: timer.value,
+        codec: codec.value,
     })
 }
 

@@ -56,6 +56,7 @@ pub fn derive_event(input: TokenStream) -> TokenStream {
 /// | `input` | string literal | the topic it consumes (`Processor::input_topic`) |
 /// | `outputs` | array of string literals | the topics it emits to (`Processor::output_topics`), each also a `Topic` constant of the type |
 /// | `handler` | method name | the method `process` calls; `handle` by default |
+/// | `codec` | a value implementing `onceflow::Codec` | what the input is decoded with (`Processor::decode_input`); JSON by default |
 /// | `timer` | method name | the method `on_timer` calls (`async fn(&mut self, timer: onceflow::Timer, ctx)`); the processor then uses timers (`Processor::uses_timers`) |
 ///
 /// The handler has the signature of `Processor::process`:

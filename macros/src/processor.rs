@@ -26,6 +26,7 @@ pub(crate) fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
         outputs,
         handler,
         timer,
+        codec,
     } = errors.finish(args)?.ok_or_else(|| {
         // Unreachable in practice: whatever made the arguments unusable was reported.
         syn::Error::new_spanned(
@@ -52,6 +53,16 @@ pub(crate) fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
                 ctx: &mut ::onceflow::__private::Context<'_>,
             ) -> ::onceflow::__private::Result<()> {
                 Self::#timer(self, timer, ctx).await
+            }
+        }
+    });
+    let decode = codec.map(|codec| {
+        quote! {
+            fn decode_input(
+                &self,
+                bytes: &[u8],
+            ) -> ::onceflow::__private::StdResult<#input_type, ::onceflow::__private::String> {
+                ::onceflow::__private::Codec::decode(&#codec, bytes)
             }
         }
     });
@@ -103,6 +114,8 @@ pub(crate) fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
                 }
 
                 #timers
+
+                #decode
             }
         };
     })

@@ -207,3 +207,62 @@ async fn at_least_once_loses_nothing_through_a_crash_before_the_offsets_commit()
     }
     assert_eq!(seen.len(), events.len(), "every event has its output");
 }
+
+/// MessagePack through `rmp-serde`: a codec other than JSON.
+struct MsgPack;
+
+impl onceflow::Codec for MsgPack {
+    fn decode<T: serde::de::DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, String> {
+        rmp_serde::from_slice(bytes).map_err(|e| e.to_string())
+    }
+
+    fn encode<T: serde::Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, String> {
+        rmp_serde::to_vec_named(value).map_err(|e| e.to_string())
+    }
+}
+
+/// Reads MessagePack (`codec = MsgPack`), keeps the sum in state (JSON, as all state),
+/// and emits MessagePack.
+#[derive(onceflow::Processor, Debug, Clone)]
+#[processor(name = "packed", input = "packed-in", input_type = Amount, outputs = ["packed-out"],
+            codec = MsgPack)]
+struct Packed;
+
+impl Packed {
+    async fn handle(
+        &mut self,
+        input: Amount,
+        ctx: &mut onceflow::Context<'_>,
+    ) -> onceflow::Result<()> {
+        let sum = ctx.state().get::<i64>(&input.key)?.unwrap_or(0) + input.amount;
+        ctx.state().put(&input.key, &sum)?;
+        ctx.emit_with(&MsgPack, Self::PACKED_OUT, &input.key, &sum)
+    }
+}
+
+#[tokio::test]
+async fn a_processor_reads_and_writes_the_codec_it_chooses() {
+    use onceflow::Codec;
+    let mut driver = TestDriver::new(Packed);
+    for event in amounts(0, 3, 1) {
+        let bytes = MsgPack.encode(&event).expect("msgpack");
+        driver.pipe_record(OutgoingRecord::keyed(event.key.clone(), bytes));
+    }
+    // JSON is not what this processor reads: a decode failure, dead-lettered.
+    driver.pipe_record(keyed(&amounts(3, 1, 1)[0]));
+    driver.process().await.expect("process");
+    let sums: Vec<i64> = driver
+        .output("packed-out")
+        .iter()
+        .map(|r| {
+            MsgPack
+                .decode(r.value.as_deref().expect("value"))
+                .expect("msgpack output")
+        })
+        .collect();
+    assert_eq!(sums, [1, 3, 6]);
+    let dead = driver.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].header("onceflow-error-class"), Some(&b"decode"[..]));
+    assert_eq!(driver.state::<i64>(0, "k0").expect("state"), Some(6));
+}

@@ -17,7 +17,7 @@ use futures_util::FutureExt;
 
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::dead_letters::FailureClass;
-use crate::event::{Codec, Event, Json};
+use crate::event::Event;
 use crate::kafka;
 use crate::processor::{Context, Output, Processor, RecordMeta};
 use crate::txlog::{Change, Overlay, View};
@@ -74,7 +74,7 @@ impl Rules<'_> {
         retry: &mut Retry,
     ) -> Result<Verdict> {
         // A record that does not decode has no event ID to deduplicate by.
-        let input: P::Input = match decode(record) {
+        let input: P::Input = match decode(processor, record) {
             Ok(input) => input,
             Err(error) => {
                 return Ok(Verdict::Failed {
@@ -242,7 +242,7 @@ impl Rules<'_> {
             let attempt = retry.attempt;
             let this_input = match input.take() {
                 Some(input) => input,
-                None => match decode(record) {
+                None => match decode(processor, record) {
                     Ok(input) => input,
                     Err(error) => {
                         return Processed::Failed {
@@ -376,8 +376,10 @@ pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".to_owned())
 }
 
-pub(super) fn decode<T: serde::de::DeserializeOwned>(record: &kafka::Record) -> Result<T> {
-    Json.decode(record.value.as_deref().unwrap_or_default())
+/// `record`'s value decoded by the processor's codec ([`Processor::decode_input`]).
+pub(super) fn decode<P: Processor>(processor: &P, record: &kafka::Record) -> Result<P::Input> {
+    processor
+        .decode_input(record.value.as_deref().unwrap_or_default())
         .map_err(|message| Error::Decode {
             topic: record.topic.clone(),
             partition: record.partition,
