@@ -153,3 +153,70 @@ async fn a_processor_that_does_not_say_it_uses_timers_cannot_schedule() {
     let error = driver.process().await.expect_err("refused");
     assert!(error.to_string().contains("uses_timers"), "{error}");
 }
+
+/// Counts records per key in hopping windows of 60 s every 20 s, late ones dropped.
+#[derive(Debug, Clone)]
+struct Hopping;
+
+const HOPPING: onceflow::windows::Windows =
+    onceflow::windows::Windows::hopping("h", Duration::from_secs(60), Duration::from_secs(20))
+        .drop_late();
+
+#[onceflow::async_trait]
+impl Processor for Hopping {
+    type Input = Tick;
+
+    fn name(&self) -> &str {
+        "hopping"
+    }
+
+    fn output_topics(&self) -> &[&str] {
+        &[OUT]
+    }
+
+    fn uses_timers(&self) -> bool {
+        true
+    }
+
+    async fn process(&mut self, tick: Tick, ctx: &mut Context<'_>) -> Result<()> {
+        HOPPING
+            .add(ctx, &tick.key, |count: &mut i64| *count += 1)
+            .map(drop)
+    }
+
+    async fn on_timer(&mut self, timer: onceflow::Timer, ctx: &mut Context<'_>) -> Result<()> {
+        if let Some(closed) = HOPPING.close::<i64>(ctx, &timer)? {
+            let out = Closed {
+                key: closed.key.clone(),
+                bucket: closed.window.start_ms,
+                sum: closed.value,
+            };
+            ctx.emit(OUT, &closed.key, &out)?;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn hopping_windows_count_each_record_in_every_window_it_falls_in_and_drop_late_ones() {
+    let mut driver = TestDriver::new(Hopping);
+    // Records at 5 s, 25 s, 45 s and 65 s; then 130 s closes every window up to 120 s.
+    for (n, at_s) in [5, 25, 45, 65, 130].into_iter().enumerate() {
+        driver.pipe_record(at(&tick(n, "a", 1), at_s * 1_000));
+    }
+    // Late: every window holding 10 s ended by 70 s, and the watermark is at 130 s.
+    driver.pipe_record(at(&tick(9, "a", 1), 10_000));
+    driver.process().await.expect("process");
+    let closed: Vec<Closed> = driver.output_values(OUT).expect("outputs");
+    let windows: Vec<(i64, i64)> = closed.iter().map(|c| (c.bucket / 1_000, c.sum)).collect();
+    // Windows by start (s): [-40,20) holds 5; [-20,40) 5, 25; [0,60) 5, 25, 45;
+    // [20,80) 25, 45, 65; [40,100) 45, 65; [60,120) 65. Those ending by 130 s are closed.
+    assert_eq!(
+        windows,
+        [(-40, 1), (-20, 2), (0, 3), (20, 3), (40, 2), (60, 1)]
+    );
+    assert!(
+        driver.dead_letters().is_empty(),
+        "late records are dropped, not dead-lettered"
+    );
+}

@@ -116,6 +116,7 @@ fn render(stats: &Stats, handle: &PrometheusHandle) -> String {
         ("onceflow_replayed_records_total", s.replayed_records),
         ("onceflow_expired_entries_total", s.expired_entries),
         ("onceflow_assignments_total", s.assignments),
+        ("onceflow_timers_fired_total", s.timers_fired),
     ] {
         metrics::counter!(name).absolute(value);
     }
@@ -173,6 +174,14 @@ fn describe() {
         "Changelog records replayed into the transaction log"
     );
     describe_counter!("onceflow_expired_entries_total", "Dedup entries expired");
+    describe_counter!(
+        "onceflow_timers_fired_total",
+        "Timers fired (Processor::on_timer), in committed batches"
+    );
+    describe_counter!(
+        "onceflow_late_records_total",
+        "Records late for every window they fall in (onceflow::windows), by window set"
+    );
     describe_counter!(
         "onceflow_assignments_total",
         "Rebalances that gave this instance partitions (more than one per start: the member \
