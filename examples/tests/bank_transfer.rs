@@ -92,17 +92,33 @@ async fn transfers_conserve_money_and_apply_once_through_a_kill() {
             .push(entry);
         assert!(entry.balance >= 0, "negative balance: {entry:?}");
     }
+    // Every transfer applied other than once, with both instances' logs: a violation
+    // seen once in CI (t0 applied twice, the second time over the first's balances) is
+    // not reproduced here, and the log is what tells which instance did what.
+    let wrong: Vec<(&&str, &Vec<&Entry>)> = applied
+        .iter()
+        .filter(|(transfer, sides)| {
+            sides.len()
+                != if transfer.starts_with("deposit") {
+                    1
+                } else {
+                    2
+                }
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} transfers applied other than once, the first: {:?}\nthe instances' log:\n{}",
+        wrong.len(),
+        wrong.first(),
+        std::fs::read_to_string(&deployment.log).unwrap_or_default()
+    );
     for (transfer, sides) in &applied {
         let expected_sides = if transfer.starts_with("deposit") {
             1
         } else {
             2
         };
-        assert_eq!(
-            sides.len(),
-            expected_sides,
-            "{transfer} applied other than once: {sides:?}"
-        );
         if expected_sides == 2 {
             assert_eq!(
                 sides[0].change + sides[1].change,
