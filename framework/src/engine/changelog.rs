@@ -25,6 +25,8 @@ use crate::txlog::{Change, TxLog};
 const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
 /// Changelog records applied to redb per write transaction while replaying.
 const REPLAY_CHUNK: usize = 2_000;
+/// Pauses before reading again a changelog whose read ended short of the committed offset.
+const REREAD_PAUSES_MS: [u64; 3] = [500, 1_000, 2_000];
 
 /// Adds to `changes` the progress record of every partition in `next_offsets` (the input
 /// offset the batch reached), last in that partition's share of the changelog: replay
@@ -111,28 +113,48 @@ pub(crate) async fn replay(
                 apply,
             )
         };
-        let end = match read(txlog.checkpoint(partition)?, &mut apply)? {
-            ReadEnd::PastEnd {
-                checkpoint,
-                high_watermark,
-            } => {
-                // Nothing of what redb holds for this partition is in the topic any more.
-                tracing::warn!(
-                    partition,
+        let mut pass = |apply: &mut dyn FnMut(Vec<kafka::Record>, i64) -> Result<()>| -> Result<(i64, bool)> {
+            match read(txlog.checkpoint(partition)?, apply)? {
+                ReadEnd::PastEnd {
                     checkpoint,
                     high_watermark,
-                    "the changelog is shorter than the transaction log's checkpoint (recreated \
-                     or truncated): forgetting the partition and replaying from the start"
-                );
-                txlog.clear_partition(partition)?;
-                match read(None, &mut apply)? {
-                    ReadEnd::Read { next, reached } => (next, reached),
-                    ReadEnd::PastEnd { .. } => unreachable!("a read from the start is never past the end"),
+                } => {
+                    // Nothing of what redb holds for this partition is in the topic any more.
+                    tracing::warn!(
+                        partition,
+                        checkpoint,
+                        high_watermark,
+                        "the changelog is shorter than the transaction log's checkpoint (recreated \
+                         or truncated): forgetting the partition and replaying from the start"
+                    );
+                    txlog.clear_partition(partition)?;
+                    match read(None, apply)? {
+                        ReadEnd::Read { next, reached } => Ok((next, reached)),
+                        ReadEnd::PastEnd { .. } => unreachable!("a read from the start is never past the end"),
+                    }
                 }
+                ReadEnd::Read { next, reached } => Ok((next, reached)),
             }
-            ReadEnd::Read { next, reached } => (next, reached),
         };
-        let (end, reached) = end;
+        let (mut end, mut reached) = pass(&mut apply)?;
+        // A read that ended short of the committed offset with nothing hidden was seen in
+        // the fault matrix right after an instance was killed and restarted (progress
+        // None, committed 600): the reader took an end for the end too early. Read again,
+        // from where this read left off, before believing it.
+        for (attempt, pause_ms) in REREAD_PAUSES_MS.iter().enumerate() {
+            if reached || committed.is_none() {
+                break;
+            }
+            tracing::warn!(
+                partition,
+                committed = ?committed,
+                progress = ?txlog.progress(partition)?,
+                attempt = attempt + 1,
+                "the changelog read ended short of the group's committed offset; reading again"
+            );
+            std::thread::sleep(Duration::from_millis(*pause_ms));
+            (end, reached) = pass(&mut apply)?;
+        }
         if !reached {
             // Nothing hides anything, yet the changelog does not reach the committed
             // offset: the offsets were moved by something else (a reset, a changelog from
