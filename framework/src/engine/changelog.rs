@@ -43,6 +43,22 @@ pub(crate) fn add_progress(changes: &mut Vec<(i32, Vec<Change>)>, next_offsets: 
     }
 }
 
+/// The change changelog record `changelog`/`partition`@`offset` holds; an error that
+/// names the record when it is malformed.
+pub(crate) fn decode(
+    changelog: &str,
+    partition: i32,
+    offset: i64,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+) -> Result<Change> {
+    Change::decode(
+        key.unwrap_or_default(),
+        value,
+        &format!("changelog record {changelog}/{partition}@{offset}"),
+    )
+}
+
 /// Brings `partition`'s dedup entries and state in redb up to date with the changelog,
 /// from the stored checkpoint until the changelog's progress records reach `committed`,
 /// the group's stable committed offset of the input partition (`None`: nothing to
@@ -76,13 +92,7 @@ pub(crate) async fn replay(
             let Some(last) = records.last().map(|r| r.offset) else { return Ok(()) };
             let changes = records
                 .iter()
-                .map(|r| {
-                    Change::decode(
-                        r.key.as_deref().unwrap_or_default(),
-                        r.value.as_deref(),
-                        &format!("changelog record {changelog}/{partition}@{}", r.offset),
-                    )
-                })
+                .map(|r| decode(&changelog, partition, r.offset, r.key.as_deref(), r.value.as_deref()))
                 .collect::<Result<Vec<_>>>()?;
             txlog.apply(&[(partition, changes, Some(last + 1))])?;
             replayed += records.len() as u64;

@@ -21,7 +21,7 @@ use crate::engine::recover::Resync;
 use crate::engine::seams::{Landing, Outgoing, Renew, Restore, Sink, Source};
 use crate::engine::stats::Stats;
 use crate::kafka::{Polled, Rebalanced, Record};
-use crate::txlog::{Change, TxLog};
+use crate::txlog::TxLog;
 use crate::{Error, Result};
 
 /// One call the engine made.
@@ -734,13 +734,12 @@ impl Restore for MemoryReplay<'_> {
             let changes = chunk
                 .iter()
                 .map(|r| {
-                    Change::decode(
-                        r.key.as_deref().unwrap_or_default(),
+                    crate::engine::changelog::decode(
+                        self.changelog,
+                        partition,
+                        r.offset,
+                        r.key.as_deref(),
                         r.value.as_deref(),
-                        &format!(
-                            "changelog record {}/{partition}@{}",
-                            self.changelog, r.offset
-                        ),
                     )
                 })
                 .collect::<Result<Vec<_>>>()?;
