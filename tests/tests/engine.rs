@@ -174,9 +174,9 @@ async fn a_second_instance_with_the_same_id_fences_the_first() -> TestResult {
         }
         other => panic!("the first instance should have been fenced, got {other:?}"),
     }
-    // It stopped without joining the group again: its producer was fenced too, which
-    // only a successor does (before it asked, the two instances fenced each other's
-    // member five times each).
+    // It stopped without joining the group again: the group had another consumer under
+    // its instance ID (before it asked, the two instances fenced each other's member
+    // five times each).
     assert_eq!(first_stats.snapshot().assignments, 1);
     first_shutdown.trigger();
 

@@ -24,6 +24,9 @@ use crate::kafka::{Polled, Rebalanced, Record};
 use crate::txlog::TxLog;
 use crate::{Error, Result};
 
+/// The fake group's `session.timeout.ms`.
+pub(crate) const FAKE_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// One call the engine made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Call {
@@ -46,6 +49,10 @@ pub(crate) enum Call {
     Restore(i32, Option<i64>),
     /// A new producer.
     Renew,
+    /// Describing the group: who is under the instance ID?
+    Members,
+    /// Asking whether the producer is fenced.
+    Probe,
 }
 
 /// The kinds of call a fault can be put on.
@@ -65,6 +72,8 @@ pub(crate) enum Kind {
     Seek,
     Restore,
     Renew,
+    Members,
+    Probe,
 }
 
 /// A record as the fake stores it.
@@ -158,6 +167,10 @@ struct Inner {
     quiet: bool,
     /// Triggered by a poll that finds nothing.
     on_idle: Option<crate::engine::Shutdown>,
+    /// What describing the group says, in turn (the last one again and again).
+    holders: VecDeque<crate::kafka::Holder>,
+    /// The producer is fenced (until renewed).
+    producer_fenced: bool,
 }
 
 impl Inner {
@@ -307,6 +320,17 @@ impl FakeKafka {
         error: impl Fn() -> Error + Send + 'static,
     ) {
         self.inner().fatal = Some((Box::new(error), tokio::time::Instant::now() + delay));
+    }
+
+    /// Describing the group says `holders` in turn (the last one from then on); before
+    /// this, nobody is under the instance ID.
+    pub(crate) fn describe_group_as(&self, holders: Vec<crate::kafka::Holder>) {
+        self.inner().holders = holders.into();
+    }
+
+    /// The producer is fenced: a probe says so until a new producer is made.
+    pub(crate) fn fence_producer(&self) {
+        self.inner().producer_fenced = true;
     }
 
     /// Each replay takes `duration` (of tokio time).
@@ -557,6 +581,27 @@ impl Source for FakeKafka {
         self.inner().call(Call::Release);
         std::future::ready(Ok(()))
     }
+
+    fn holder(&self) -> impl Future<Output = Result<crate::kafka::Holder>> + Send {
+        let mut inner = self.inner();
+        inner.call(Call::Members);
+        let result = inner.fault(Kind::Members, None).map(|()| {
+            let holder = if inner.holders.len() > 1 {
+                inner.holders.pop_front()
+            } else {
+                inner.holders.front().cloned()
+            };
+            holder.unwrap_or(crate::kafka::Holder {
+                member: None,
+                stable: true,
+            })
+        });
+        std::future::ready(result)
+    }
+
+    fn session_timeout(&self) -> Duration {
+        FAKE_SESSION_TIMEOUT
+    }
 }
 
 impl Restore for FakeKafka {
@@ -590,6 +635,7 @@ impl Renew<FakeKafka> for FakeKafka {
             inner.open.clear();
             inner.open_offsets.clear();
             inner.in_transaction = false;
+            inner.producer_fenced = false;
             self.clone()
         });
         std::future::ready(result)
@@ -702,6 +748,15 @@ impl Sink<FakeKafka> for FakeKafka {
         let mut inner = self.inner();
         inner.call(Call::Flush);
         std::future::ready(inner.fault(Kind::Flush, None))
+    }
+
+    fn probe_fenced(&self, _topic: &str) -> impl Future<Output = Result<bool>> + Send {
+        let mut inner = self.inner();
+        inner.call(Call::Probe);
+        let result = inner
+            .fault(Kind::Probe, None)
+            .map(|()| inner.producer_fenced);
+        std::future::ready(result)
     }
 }
 

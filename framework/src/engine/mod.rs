@@ -295,43 +295,24 @@ impl Engine {
             )
             .await;
             let inner = match inner {
+                // A static member is fenced by a join under its group.instance.id. Not
+                // only by a successor: when the group coordinator was away longer than
+                // the session, librdkafka rejoins and a request still carrying the old
+                // member ID fences the consumer itself (KAFKA-20985 is the same for
+                // Kafka Streams). `after_member_fenced` tells them apart.
                 Err(error)
-                    if config.delivery == DeliveryMode::ExactlyOnce
-                        && consumer.member_fenced()
-                        && !resync.producer_fenced() =>
+                    if config.delivery == DeliveryMode::ExactlyOnce && consumer.member_fenced() =>
                 {
-                    // A static member is fenced by a join under its group.instance.id. Not
-                    // only by a successor: when the group coordinator was away longer than
-                    // the session, librdkafka rejoins and a request still carrying the old
-                    // member ID fences the consumer itself (KAFKA-20985 is the same for
-                    // Kafka Streams). Joining again is safe in exactly-once mode: the
-                    // group's generation check refuses a zombie's offsets (KIP-447), so
-                    // nothing it commits becomes visible; a real successor fences this
-                    // one again, until the budget of fences is spent and it stops. (With
-                    // the producer fenced too, a successor is certain: it stops at once.)
-                    //
-                    // A successor initialises the transactional ID before it joins, so
-                    // first the producer is asked: fenced too, this instance was replaced
-                    // and stops without fencing its successor's member in turn.
-                    match producer.probe_fenced(&changelog).await {
-                        Ok(true) => {
-                            tracing::error!(%error, "this instance was replaced: its producer is fenced too; stopping");
-                            Err(error)
+                    match resync
+                        .after_member_fenced(&consumer, &mut producer, &changelog, error)
+                        .await
+                    {
+                        Ok(()) => {
+                            drop(resync.take_held());
+                            drop(consumer);
+                            continue;
                         }
-                        probed => {
-                            if let Err(unknown) = &probed {
-                                tracing::warn!(error = %unknown, "could not learn whether the producer is fenced too");
-                            }
-                            match resync.allow_fence(&error) {
-                                Ok(fences) => {
-                                    tracing::warn!(%error, fences, "the consumer's static membership was fenced, the producer was not: joining the group again");
-                                    drop(resync.take_held());
-                                    drop(consumer);
-                                    continue;
-                                }
-                                Err(spent) => Err(spent),
-                            }
-                        }
+                        Err(stop) => Err(stop),
                     }
                 }
                 other => other,

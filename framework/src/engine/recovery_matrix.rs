@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
-use crate::engine::fake::{Call, FakeKafka, Kind, injected as kafka};
+use crate::engine::fake::{Call, FAKE_SESSION_TIMEOUT, FakeKafka, Kind, injected as kafka};
 use crate::engine::recover::{Resync, recover};
 use crate::engine::seams::Source;
 use crate::engine::stats::Stats;
-use crate::kafka::{Polled, Rebalanced};
+use crate::kafka::{Holder, Polled, Rebalanced};
 use crate::{Error, ErrorClass};
 
 struct Rig {
@@ -227,6 +227,139 @@ async fn a_fence_with_the_member_replaced_stops_without_a_new_producer() {
         );
         assert_eq!(rig.kafka.calls().last(), Some(&Call::Release));
     }
+}
+
+/// The consumer's static membership fenced; what the engine's loop decides with it.
+async fn after_member_fenced(
+    rig: &Rig,
+    resync: &Resync<'_, FakeKafka, FakeKafka>,
+) -> crate::Result<()> {
+    let mut producer = rig.kafka.clone();
+    resync
+        .after_member_fenced(&rig.kafka, &mut producer, "changelog", fenced())
+        .await
+}
+
+fn under(member: Option<&str>) -> Holder {
+    Holder {
+        member: member.map(str::to_owned),
+        stable: true,
+    }
+}
+
+/// The fault matrix saw it (CI, 2026-12-02, after the coordinators were restarted): the
+/// consumer's static membership fenced, the producer too, and no successor anywhere.
+/// The instance had stopped, taking that for a successor. Now: the member left under
+/// the instance ID goes with the session (nobody heartbeats for it), so no successor:
+/// a new producer, and the group joined again.
+#[tokio::test(start_paused = true)]
+async fn both_fenced_with_no_live_member_under_the_instance_id_makes_a_new_producer_and_joins_again()
+ {
+    // The producer's fence found by the loop's probe...
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka.fence_producer();
+    rig.kafka.describe_group_as(vec![
+        under(Some("a-left")),
+        under(Some("a-left")),
+        under(None),
+    ]);
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    let started = tokio::time::Instant::now();
+    after_member_fenced(&rig, &resync)
+        .await
+        .expect("joins again");
+    assert!(started.elapsed() < FAKE_SESSION_TIMEOUT);
+    let members = [Call::Members, Call::Members, Call::Members];
+    let want: Vec<Call> = [Call::Probe]
+        .into_iter()
+        .chain(members)
+        .chain([Call::Renew])
+        .collect();
+    assert_eq!(rig.kafka.calls(), want);
+    assert!(!resync.producer_fenced());
+
+    // ...or first, by a batch, with the consumer fenced during the grace.
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka.raise_fatal_in(Duration::from_secs(3), fenced);
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    let mut producer = rig.kafka.clone();
+    let owned: BTreeSet<i32> = [0, 1].into();
+    let stopped = recover(
+        &resync,
+        &rig.kafka,
+        &mut producer,
+        &owned,
+        &producer_fenced(),
+    )
+    .await;
+    assert!(matches!(stopped, Err(Error::Fenced { .. })), "{stopped:?}");
+    rig.kafka.clear_calls();
+    after_member_fenced(&rig, &resync)
+        .await
+        .expect("joins again");
+    assert_eq!(rig.kafka.calls(), [Call::Members, Call::Renew]);
+}
+
+/// A successor joined under the instance ID (its producer fenced this one's): its member
+/// outlives the session, and the instance stops without a new producer (which would
+/// fence the successor's). A rebalance under way is waited out first.
+#[tokio::test(start_paused = true)]
+async fn a_live_member_under_the_instance_id_stops_the_instance_without_a_new_producer() {
+    for settling in [false, true] {
+        let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+        rig.kafka.fence_producer();
+        let mut holders = vec![under(Some("a-successor"))];
+        if settling {
+            let rebalancing = Holder {
+                stable: false,
+                ..under(Some("a-successor"))
+            };
+            holders = vec![rebalancing; 30];
+            holders.push(under(Some("a-successor")));
+        }
+        rig.kafka.describe_group_as(holders);
+        let resync = rig.kafka.resync(&rig.config, &rig.stats);
+        let started = tokio::time::Instant::now();
+        let stopped = after_member_fenced(&rig, &resync).await;
+        assert!(matches!(stopped, Err(Error::Fenced { .. })), "{stopped:?}");
+        let waited = started.elapsed();
+        assert!(waited >= FAKE_SESSION_TIMEOUT, "{waited:?}");
+        assert!(waited < FAKE_SESSION_TIMEOUT * 2 || settling, "{waited:?}");
+        assert!(waited >= Duration::from_secs(30) || !settling, "{waited:?}");
+        assert!(!rig.kafka.calls().contains(&Call::Renew));
+    }
+}
+
+/// Only the consumer fenced: the group is joined again at once, the producer kept; the
+/// group is not described.
+#[tokio::test(start_paused = true)]
+async fn only_the_consumer_fenced_joins_again_at_once() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka
+        .describe_group_as(vec![under(Some("a-successor"))]);
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    after_member_fenced(&rig, &resync)
+        .await
+        .expect("joins again");
+    assert_eq!(rig.kafka.calls(), [Call::Probe]);
+}
+
+/// Both fenced and the group's coordinator does not answer (described five times): a
+/// successor is likely, and the instance stops without a new producer.
+#[tokio::test(start_paused = true)]
+async fn both_fenced_with_the_group_undescribed_stops_the_instance() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    for nth in 1..=5 {
+        rig.kafka
+            .fail(Kind::Members, None, nth, kafka(ErrorClass::Retriable));
+    }
+    rig.kafka.fence_producer();
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    let stopped = after_member_fenced(&rig, &resync).await;
+    assert!(stopped.is_err());
+    let calls = rig.kafka.calls();
+    assert_eq!(calls.iter().filter(|c| **c == Call::Members).count(), 5);
+    assert!(!calls.contains(&Call::Renew));
 }
 
 /// Two instances with one instance ID fence each other: each takes a few fences for its

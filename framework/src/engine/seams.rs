@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::stats::Stats;
-use crate::kafka::{ClientOptions, InputConsumer, OutputProducer, Pending, Polled};
+use crate::kafka::{ClientOptions, Holder, InputConsumer, OutputProducer, Pending, Polled};
 use crate::txlog::TxLog;
 use crate::{Error, Result};
 
@@ -69,6 +69,11 @@ pub(crate) trait Source: Sync {
     fn keep_alive(&self) -> impl Future<Output = Result<Polled>> + Send;
     /// Resumes every assigned partition.
     fn release(&self) -> impl Future<Output = Result<()>> + Send;
+    /// Who the group has under this consumer's instance ID (asked after the consumer was
+    /// fenced); `Err`: the group could not be described.
+    fn holder(&self) -> impl Future<Output = Result<Holder>> + Send;
+    /// How long the group keeps a member that stopped heartbeating.
+    fn session_timeout(&self) -> Duration;
 }
 
 /// A producer made again under the instance's transactional ID: initialising it aborts
@@ -111,6 +116,9 @@ pub(crate) trait Sink<S: Source>: Sync {
     fn abort(&self) -> impl Future<Output = Result<()>> + Send;
     /// Waits until every queued record is acknowledged.
     fn flush(&self) -> impl Future<Output = Result<()>> + Send;
+    /// Whether a successor fenced this producer, asked with a transaction of no
+    /// consequence to `topic` (see [`OutputProducer::probe_fenced`]); `Err`: unknown.
+    fn probe_fenced(&self, topic: &str) -> impl Future<Output = Result<bool>> + Send;
 }
 
 impl Landing for Pending {
@@ -161,6 +169,14 @@ impl Source for InputConsumer {
 
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
         InputConsumer::release(self)
+    }
+
+    fn holder(&self) -> impl Future<Output = Result<Holder>> + Send {
+        InputConsumer::holder(self)
+    }
+
+    fn session_timeout(&self) -> Duration {
+        InputConsumer::session_timeout(self)
     }
 }
 
@@ -241,6 +257,10 @@ impl Sink<InputConsumer> for OutputProducer {
 
     fn flush(&self) -> impl Future<Output = Result<()>> + Send {
         OutputProducer::flush(self)
+    }
+
+    fn probe_fenced(&self, topic: &str) -> impl Future<Output = Result<bool>> + Send {
+        OutputProducer::probe_fenced(self, topic)
     }
 }
 

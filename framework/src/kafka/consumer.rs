@@ -228,6 +228,26 @@ fn stopping(error: KafkaError, topic: &str, instance_id: &str) -> Option<crate::
     None
 }
 
+/// Who a group has under an instance ID, after that instance's consumer was fenced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Holder {
+    /// The member under the instance ID, if any.
+    pub(crate) member: Option<String>,
+    /// The group is stable (no rebalance under way).
+    pub(crate) stable: bool,
+}
+
+/// Whether `member_id` is a static member's under `instance_id`. Kafka names a static
+/// member `<instance ID>-<UUID>`: 22 characters of base64 (the KRaft-era coordinator) or
+/// 36 of hex and dashes (the older one); a UUID may itself hold dashes, so the length
+/// decides, and instance `a` is not mistaken for `a-2`.
+fn is_under(member_id: &str, instance_id: &str) -> bool {
+    member_id
+        .strip_prefix(instance_id)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|uuid| uuid.len() == 22 || uuid.len() == 36)
+}
+
 /// One poll's worth of input.
 #[derive(Debug, Default)]
 pub(crate) struct Polled {
@@ -241,6 +261,8 @@ pub(crate) struct InputConsumer {
     pub(super) consumer: Arc<BaseConsumer<RebalanceLog>>,
     topic: String,
     instance_id: String,
+    group: String,
+    options: ClientOptions,
 }
 
 impl std::fmt::Debug for InputConsumer {
@@ -284,6 +306,8 @@ impl InputConsumer {
             consumer: Arc::new(consumer),
             topic: topic.to_owned(),
             instance_id: instance_id.to_owned(),
+            group: group.to_owned(),
+            options: options.clone(),
         })
     }
 
@@ -478,6 +502,61 @@ impl InputConsumer {
             .is_some_and(|(code, _)| code == rdkafka::types::RDKafkaErrorCode::FencedInstanceId)
     }
 
+    /// Who the group has under this consumer's instance ID: the member's ID (a static
+    /// member's is the instance ID, a dash and a UUID), if any, and whether the group is
+    /// stable. Asked of the group coordinator (DescribeGroups) through a client of its
+    /// own, since a fenced consumer's handle is spent. `Err`: the group could not be
+    /// described (its coordinator away).
+    pub(crate) async fn holder(&self) -> Result<Holder> {
+        let options = self.options.clone();
+        let group = self.group.clone();
+        let instance_id = self.instance_id.clone();
+        blocking("describe the group", move || {
+            let doing = || format!("describe the group `{group}`");
+            let lister: BaseConsumer = options
+                .config(&[])
+                .create()
+                .map_err(|e| kafka_error(doing(), e))?;
+            let list = lister
+                .fetch_group_list(Some(&group), Duration::from_secs(10))
+                .map_err(|e| kafka_error(doing(), e))?;
+            let Some(described) = list.groups().iter().find(|g| g.name() == group) else {
+                return Err(crate::Error::Timeout {
+                    what: doing(),
+                    after: Duration::from_secs(10),
+                    detail: "the group's coordinator did not describe it".into(),
+                });
+            };
+            let member = described
+                .members()
+                .iter()
+                .map(|m| m.id())
+                .find(|id| is_under(id, &instance_id))
+                .map(str::to_owned);
+            let holder = Holder {
+                member,
+                stable: described.state() == "Stable",
+            };
+            tracing::debug!(
+                state = described.state(),
+                ?holder,
+                "the group, after this consumer was fenced"
+            );
+            Ok(holder)
+        })
+        .await
+    }
+
+    /// How long the group keeps a member that stopped heartbeating (`session.timeout.ms`).
+    pub(crate) fn session_timeout(&self) -> Duration {
+        let millis = self
+            .options
+            .property("session.timeout.ms")
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(45_000);
+        Duration::from_millis(millis)
+    }
+
     /// Leaves the group (revoking every partition), so others take over at once.
     pub(crate) async fn close(self) -> Result<()> {
         let consumer = self.consumer;
@@ -578,6 +657,17 @@ mod tests {
         .expect("polled");
         assert_eq!(positions(&polled), [(1, 0), (1, 1)]);
         assert_eq!(polled.rebalances, [Rebalanced::Revoked(vec![0])]);
+    }
+
+    #[test]
+    fn a_static_members_id_is_its_instance_id_and_a_uuid() {
+        let kraft = "a-Zm9vYmFyYmF6cXV4cXV1dQ";
+        let classic = "a-0b6f1c2e-8d3a-4e5f-9a7b-1c2d3e4f5a6b";
+        assert!(is_under(kraft, "a") && is_under(classic, "a"));
+        // Instance `a-2`'s member, or a dynamic member, is not under `a`.
+        assert!(!is_under("a-2-Zm9vYmFyYmF6cXV4cXV1dQ", "a"));
+        assert!(is_under("a-2-Zm9vYmFyYmF6cXV4cXV1dQ", "a-2"));
+        assert!(!is_under("rdkafka-Zm9vYmFyYmF6cXV4cXV1dQ", "a"));
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod write;
 pub(crate) use admin::{alter_topic_config, probe, with_metadata};
 pub(crate) use admin::{create_topic, ensure_topic, partition_count, replica_count, topic_config};
 pub(crate) use blocking::blocking;
-pub(crate) use consumer::{InputConsumer, Polled, Rebalanced};
+pub(crate) use consumer::{Holder, InputConsumer, Polled, Rebalanced};
 pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
 pub(crate) use error::{kafka_error, known_topic_error};
 pub(crate) use producer::{OutputProducer, Pending};
