@@ -194,7 +194,19 @@ pub(crate) fn read_partition(
         let (_, stable, high_now) = watermarks()?;
         // Not yet through what a read_committed reader can see: read on (the condition is
         // asked only at that end, so a slow first fetch never ends a replay early).
-        if !at_end && next < stable {
+        if let Standing::ReadOn { early_end } = standing(at_end, next, stable) {
+            if early_end {
+                // The fault matrix lost a key's state to this: an end reported with
+                // nothing read, right after an instance restarted, and the replay
+                // believed it.
+                tracing::info!(
+                    partition,
+                    at = next,
+                    last_stable_offset = stable,
+                    "an end of partition reported short of the last stable offset; reading on"
+                );
+                at_end = false;
+            }
             if last_record.elapsed() > timeout {
                 return Err(Error::Timeout {
                     what: operation,
@@ -252,6 +264,29 @@ pub(crate) fn read_partition(
                 "still waiting for an open transaction on the changelog"
             );
         }
+    }
+}
+
+/// Where a read at `next` stands against the end a `read_committed` reader can see now
+/// (`stable`, the last stable offset, just fetched). An end of partition librdkafka
+/// reported (`at_end`) does not settle it: it is reported against the offsets of the
+/// fetch that saw it, which may be older or from a leader that had not caught up, and
+/// believed short of `stable`, a replay ends with committed records unread. At the true
+/// end the position is the last stable offset, commit markers and aborted records
+/// included, so `next < stable` means records are left.
+#[derive(Debug, PartialEq, Eq)]
+enum Standing {
+    /// Records are left: read on. `early_end`: an end was reported anyway.
+    ReadOn { early_end: bool },
+    /// At the end the reader sees: ask whether it is enough.
+    AtTheEnd,
+}
+
+fn standing(at_end: bool, next: i64, stable: i64) -> Standing {
+    if next < stable {
+        Standing::ReadOn { early_end: at_end }
+    } else {
+        Standing::AtTheEnd
     }
 }
 
@@ -335,6 +370,24 @@ mod tests {
 
     use super::*;
     use crate::kafka::error::levels_logged;
+
+    /// The fault matrix (CI, 2026-12-01): a replay ended at offset 0 of a changelog
+    /// partition holding 600 batches' progress, the engine went on with empty state, and
+    /// a key's running sum started again. An end of partition reported short of the last
+    /// stable offset is not the end.
+    #[test]
+    fn a_reported_end_short_of_the_last_stable_offset_is_not_the_end() {
+        let read_on = |early_end| Standing::ReadOn { early_end };
+        assert_eq!(standing(true, 0, 1_207), read_on(true), "an early end");
+        assert_eq!(standing(false, 1_000, 1_207), read_on(false));
+        assert_eq!(standing(true, 1_207, 1_207), Standing::AtTheEnd);
+        assert_eq!(standing(false, 1_207, 1_207), Standing::AtTheEnd, "quiet");
+        assert_eq!(
+            standing(true, 1_208, 1_207),
+            Standing::AtTheEnd,
+            "past a marker"
+        );
+    }
 
     /// Item 16: every replay reached the end of its partition, and librdkafka reports
     /// that through the error callback; logged as ERROR it taught operators to ignore
