@@ -173,6 +173,11 @@ pub struct EngineConfig {
     /// Treat a record without an event ID (none, or an empty one) as one
     /// that cannot be processed, instead of deduplicating it by offset only (default off).
     pub require_event_id: bool,
+    /// Go on when a changelog partition's progress does not reach the group's committed
+    /// offset of its input partition (default false: the instance stops with
+    /// [`crate::Error::ChangelogBehind`]). For one start after the offsets were moved on
+    /// purpose.
+    pub accept_changelog_behind: bool,
     /// Replication factor of the changelog and dead-letter topics onceflow creates
     /// (default: the broker's `default.replication.factor`).
     pub changelog_replication_factor: Option<i32>,
@@ -218,6 +223,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("dedup_max_entries", &self.dedup_max_entries)
             .field("event_id_header", &self.event_id_header)
             .field("require_event_id", &self.require_event_id)
+            .field("accept_changelog_behind", &self.accept_changelog_behind)
             .field(
                 "changelog_replication_factor",
                 &self.changelog_replication_factor,
@@ -262,6 +268,7 @@ impl EngineConfig {
             dedup_max_entries: None,
             event_id_header: "onceflow-event-id".into(),
             require_event_id: false,
+            accept_changelog_behind: false,
             changelog_replication_factor: None,
             // Kafka Streams' default under exactly-once: an instance that dies mid-batch
             // holds its open transaction, and every read_committed reader of its outputs,

@@ -138,6 +138,26 @@ pub enum Error {
         /// How long the engine waited.
         waited: Duration,
     },
+    /// A changelog partition, read to its end, holds progress short of the group's
+    /// committed offset of its input partition: processing on would start the
+    /// partition's state and dedup entries from less than the committed batches left.
+    #[error(
+        "the changelog `{topic}` [{partition}] holds progress up to {progress:?}, short of the \
+         group's committed offset {committed} of input partition {partition}: going on would \
+         lose that partition's state and dedup entries of the batches in between. If the \
+         group's offsets were moved on purpose (a reset, a switch from at-most-once), start \
+         once with accept_changelog_behind = true"
+    )]
+    ChangelogBehind {
+        /// The changelog topic.
+        topic: String,
+        /// The partition (of the changelog and of the input).
+        partition: i32,
+        /// The group's committed offset of the input partition.
+        committed: i64,
+        /// The input offset the changelog's progress records reach, if any.
+        progress: Option<i64>,
+    },
     /// The transaction coordinator aborted the batch's transaction because it was open
     /// longer than `transaction.timeout.ms` (the broker then fences the producer's
     /// epoch: librdkafka reports it as fenced, though no other instance exists).

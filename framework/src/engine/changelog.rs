@@ -17,10 +17,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Result;
 use crate::engine::stats::{Phase, Stats};
 use crate::kafka::{self, ClientOptions, ReadEnd};
 use crate::txlog::{Change, TxLog};
+use crate::{Error, Result};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
 /// Changelog records applied to redb per write transaction while replaying.
@@ -59,6 +59,41 @@ pub(crate) fn decode(
     )
 }
 
+/// A changelog partition read to its end whose progress (`progress`) does not reach the
+/// group's committed offset of its input partition. Nothing hides anything, so the
+/// offsets were moved by something else (a reset, a changelog from before progress
+/// records, a switch from at-most-once, which commits ahead of processing), or the read
+/// ended early (the fault matrix saw that). Going on would start the partition's state
+/// and dedup entries from less than the committed batches left, so it is an error
+/// ([`Error::ChangelogBehind`]) unless the operator accepts it (`accept_changelog_behind`).
+pub(crate) fn behind(
+    changelog: &str,
+    partition: i32,
+    committed: i64,
+    progress: Option<i64>,
+    accept: bool,
+) -> Result<()> {
+    if progress.is_some_and(|at| at >= committed) {
+        return Ok(());
+    }
+    if !accept {
+        return Err(Error::ChangelogBehind {
+            topic: changelog.to_owned(),
+            partition,
+            committed,
+            progress,
+        });
+    }
+    tracing::warn!(
+        partition,
+        committed,
+        ?progress,
+        "the changelog's progress does not reach the group's committed offset; going on with \
+         what it holds, as accept_changelog_behind says"
+    );
+    Ok(())
+}
+
 /// Brings `partition`'s dedup entries and state in redb up to date with the changelog,
 /// from the stored checkpoint until the changelog's progress records reach `committed`,
 /// the group's stable committed offset of the input partition (`None`: nothing to
@@ -69,13 +104,20 @@ pub(crate) fn decode(
 /// high watermark) and the progress has not reached `committed`, it waits, at most `wait`;
 /// then it fails with [`crate::Error::HangingTransaction`]. A checkpoint past the changelog's
 /// high watermark means the topic was recreated: the partition is cleared and read from
-/// the start. A malformed record is an error that names it, never a reason to clear.
+/// the start. A malformed record is an error that names it, never a reason to clear. A
+/// changelog that ends short of `committed` is read again three times, then is an error
+/// unless `accept_behind` ([`behind`]).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, each argument named there"
+)]
 pub(crate) async fn replay(
     options: &ClientOptions,
     changelog: &str,
     partition: i32,
     committed: Option<i64>,
     wait: Duration,
+    accept_behind: bool,
     txlog: &Arc<TxLog>,
     stats: &Arc<Stats>,
 ) -> Result<()> {
@@ -165,17 +207,8 @@ pub(crate) async fn replay(
             std::thread::sleep(Duration::from_millis(*pause_ms));
             (end, reached) = pass(&mut apply)?;
         }
-        if !reached {
-            // Nothing hides anything, yet the changelog does not reach the committed
-            // offset: the offsets were moved by something else (a reset, a changelog from
-            // before progress records), or at-most-once committed ahead of processing.
-            tracing::warn!(
-                partition,
-                committed = ?committed,
-                progress = ?txlog.progress(partition)?,
-                "the changelog's progress does not reach the group's committed offset; going on \
-                 with what it holds (were the group's offsets reset?)"
-            );
+        if !reached && let Some(committed) = committed {
+            behind(&changelog, partition, committed, txlog.progress(partition)?, accept_behind)?;
         }
         // Past the last record there may be commit markers; start after them next time.
         if txlog.checkpoint(partition)? != Some(end) {
@@ -186,4 +219,62 @@ pub(crate) async fn replay(
         Ok(())
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::Error;
+    use crate::engine::fake::{FakeKafka, MemoryReplay};
+    use crate::engine::seams::Restore;
+    use crate::engine::stats::Stats;
+    use crate::txlog::TxLog;
+
+    /// The fault matrix (CI, 2026-12-01) lost a key's running sum: a replay ended with
+    /// nothing read of a changelog partition whose input the group had committed to 600,
+    /// and the engine went on with empty state. However a replay comes to end short, it
+    /// now stops the instance, naming the way on for offsets moved on purpose.
+    #[tokio::test]
+    async fn a_changelog_short_of_the_committed_offset_stops_unless_accepted() {
+        for accept_behind in [false, true] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let (txlog, _) = TxLog::open(&dir.path().join("state")).expect("open");
+            let txlog = Arc::new(txlog);
+            let stats = Arc::new(Stats::default());
+            let kafka = FakeKafka::default();
+            let replay = MemoryReplay {
+                kafka: &kafka,
+                changelog: "g-txlog",
+                txlog: &txlog,
+                stats: &stats,
+                accept_behind,
+            };
+            let replayed = replay.restore(3, Some(600)).await;
+            match (accept_behind, replayed) {
+                (
+                    false,
+                    Err(Error::ChangelogBehind {
+                        partition,
+                        committed,
+                        progress,
+                        ..
+                    }),
+                ) => {
+                    assert_eq!((partition, committed, progress), (3, 600, None));
+                }
+                (true, Ok(())) => {}
+                (accept, other) => panic!("accept_behind = {accept}: {other:?}"),
+            }
+            // Nothing committed, nothing to reach.
+            replay.restore(1, None).await.expect("nothing to reach");
+        }
+    }
+
+    #[test]
+    fn progress_at_or_past_the_committed_offset_is_enough() {
+        super::behind("t", 0, 600, Some(600), false).expect("reached");
+        super::behind("t", 0, 600, Some(601), false).expect("past");
+        assert!(super::behind("t", 0, 600, Some(599), false).is_err());
+    }
 }

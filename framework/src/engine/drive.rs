@@ -99,6 +99,7 @@ pub(crate) async fn run<P: Processor>(
             changelog: &changelog,
             txlog,
             stats,
+            accept_behind: config.accept_changelog_behind,
         },
         renew: kafka.clone(),
         held: std::sync::Mutex::default(),

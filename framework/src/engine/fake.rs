@@ -773,6 +773,8 @@ pub(crate) struct MemoryReplay<'a> {
     pub(crate) changelog: &'a str,
     pub(crate) txlog: &'a Arc<TxLog>,
     pub(crate) stats: &'a Arc<Stats>,
+    /// `accept_changelog_behind`.
+    pub(crate) accept_behind: bool,
 }
 
 impl Restore for MemoryReplay<'_> {
@@ -811,17 +813,14 @@ impl Restore for MemoryReplay<'_> {
         if self.txlog.checkpoint(partition)? != Some(end) {
             self.txlog.apply(&[(partition, Vec::new(), Some(end))])?;
         }
-        if let Some(committed) = committed
-            && self
-                .txlog
-                .progress(partition)?
-                .is_none_or(|at| at < committed)
-        {
-            tracing::warn!(
+        if let Some(committed) = committed {
+            crate::engine::changelog::behind(
+                self.changelog,
                 partition,
                 committed,
-                "the changelog's progress does not reach the group's committed offset"
-            );
+                self.txlog.progress(partition)?,
+                self.accept_behind,
+            )?;
         }
         Ok(())
     }

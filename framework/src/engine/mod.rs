@@ -261,6 +261,7 @@ impl Engine {
                 txlog: &txlog,
                 stats: &self.stats,
                 wait: config.transaction_timeout + REPLAY_WAIT_GRACE,
+                accept_behind: config.accept_changelog_behind,
             },
             renew: NewProducer {
                 options,

@@ -200,6 +200,8 @@ pub(crate) struct ChangelogReplay<'a> {
     pub(crate) stats: &'a Arc<Stats>,
     /// How long replay waits for an open transaction that hides committed records.
     pub(crate) wait: Duration,
+    /// `accept_changelog_behind`.
+    pub(crate) accept_behind: bool,
 }
 
 impl Restore for ChangelogReplay<'_> {
@@ -214,6 +216,7 @@ impl Restore for ChangelogReplay<'_> {
             partition,
             committed,
             self.wait,
+            self.accept_behind,
             self.txlog,
             self.stats,
         )

@@ -293,6 +293,20 @@ pub(super) const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "accept_changelog_behind",
+        value_name: "BOOL",
+        help: "Go on when a changelog's progress does not reach the group's committed offsets",
+        default: Fallback::Value(|s| s.engine.accept_changelog_behind.to_string()),
+        set: |text, s| {
+            s.engine.accept_changelog_behind = match text {
+                "true" | "yes" | "1" => true,
+                "false" | "no" | "0" => false,
+                _ => return Err("true or false".into()),
+            };
+            Ok(())
+        },
+    },
+    Setting {
         key: "on_error",
         value_name: "POLICY",
         help: "dead-letter, skip or stop: what happens to a record that cannot be processed",
