@@ -318,6 +318,10 @@ fn keyed(prefix: &str, events: Vec<Amount>) -> Vec<Amount> {
 /// and missed the new one's first records (seen failing: key k0's first output summed on
 /// from the old topic's state, 83 where 4 was right). Now `a` sees another topic ID, forgets its log and
 /// replays the new topic from the start: it agrees with `b`, as if started fresh.
+///
+/// `b` starts on an empty changelog while the group committed 200: the state of those
+/// batches is gone, which only the operator can say is meant, so `b` is started with
+/// `accept_changelog_behind` (without it, it stops: the test after this one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_changelog_is_told_by_its_topic_id_and_replayed_from_the_start() -> TestResult {
     let s = setup("replay-recreated").await?;
@@ -336,7 +340,9 @@ async fn a_recreated_changelog_is_told_by_its_topic_id_and_replayed_from_the_sta
     let third = keyed("y", sum::amounts(300, 400, 10));
     sum::produce(s.kafka, &s.input, &second).await?;
     sum::produce(s.kafka, &s.input, &third).await?;
-    run_to(&s, s.config("b"), &fresh, 500).await?;
+    let mut reset = s.config("b");
+    reset.accept_changelog_behind = true;
+    run_to(&s, reset, &fresh, 500).await?;
 
     let last: Vec<Amount> = keyed("x", sum::amounts(700, 10, 1))
         .into_iter()
@@ -348,5 +354,73 @@ async fn a_recreated_changelog_is_told_by_its_topic_id_and_replayed_from_the_sta
     let outputs = sum::committed_outputs(s.kafka, &fresh).await?;
     let all: Vec<Amount> = second.iter().chain(&third).chain(&last).cloned().collect();
     sum::assert_exactly_once(&all, &outputs);
+    Ok(())
+}
+
+/// Commits `offset` for `topic` [0] in `group` from outside the group, as an operator's
+/// reset does; retried while the group still holds a member (until its session ends).
+fn commit_by_hand(kafka: &Kafka, group: &str, topic: &str, offset: i64) -> TestResult {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap_servers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut offsets = rdkafka::TopicPartitionList::new();
+    offsets.add_partition_offset(topic, 0, rdkafka::Offset::Offset(offset))?;
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        match consumer.commit(&offsets, CommitMode::Sync) {
+            Ok(()) => return Ok(()),
+            Err(error) if Instant::now() < deadline => {
+                tracing::info!(%error, "the group refused the commit; trying again");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// The group's committed offset moved past what the changelog holds (a reset by hand):
+/// processing on would start the partition's running sums from less than the committed
+/// batches left. The instance stops with `ChangelogBehind`, naming the setting; started
+/// with `accept_changelog_behind`, it goes on from the committed offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_moved_past_the_changelog_stop_the_instance_unless_accepted() -> TestResult {
+    let s = setup("behind").await?;
+    let inputs = sum::amounts(0, 200, 5);
+    sum::produce(s.kafka, &s.input, &inputs[..100]).await?;
+    run_until(&s, s.config("a"), 100).await?;
+    sum::produce(s.kafka, &s.input, &inputs[100..]).await?;
+    commit_by_hand(s.kafka, &s.group, &s.input, 150)?;
+
+    let engine = Engine::new(s.config("a"))?;
+    let stopped = tokio::time::timeout(WITHIN, engine.run(Sum::new(&s.output))).await?;
+    match stopped {
+        Err(onceflow::Error::ChangelogBehind {
+            partition,
+            committed,
+            progress,
+            ..
+        }) => assert_eq!((partition, committed, progress), (0, 150, Some(100))),
+        other => panic!("expected ChangelogBehind, got {other:?}"),
+    }
+    // Nothing was processed meanwhile.
+    assert_eq!(sum::committed_outputs(s.kafka, &s.output).await?.len(), 100);
+
+    let mut config = s.config("a");
+    config.accept_changelog_behind = true;
+    run_until(&s, config, 150).await?;
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    let ids: Vec<&str> = outputs.iter().filter_map(|o| o.id.as_deref()).collect();
+    let want: Vec<String> = (0..100).chain(150..200).map(|i| format!("e-{i}")).collect();
+    assert_eq!(ids.len(), want.len());
+    let want: std::collections::BTreeSet<&str> = want.iter().map(String::as_str).collect();
+    assert_eq!(
+        ids.iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        want
+    );
     Ok(())
 }
