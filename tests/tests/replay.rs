@@ -424,3 +424,32 @@ async fn offsets_moved_past_the_changelog_stop_the_instance_unless_accepted() ->
     );
     Ok(())
 }
+
+/// A changelog that ends with an aborted transaction (a zombie's batch, a fence probe):
+/// a `read_committed` reader gets no record past the last committed one, and its end is
+/// past the abort marker. Replay ends only when its position reaches the last stable
+/// offset (an end of partition reported short of it is read past), so this is the case
+/// where the position must move over records it never returns: both the restarted owner
+/// (reading from its checkpoint) and a new instance (from the start) get through it and
+/// go on, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_ending_in_an_aborted_transaction_is_replayed_to_its_end() -> TestResult {
+    let s = setup("replay-aborted-tail").await?;
+    let inputs = sum::amounts(0, 300, 10);
+    let changelog = format!("{}-txlog", s.group);
+    let mut produced = 0;
+    for (instance, upto) in [("a", 100), ("a", 200), ("b", 300)] {
+        sum::produce(s.kafka, &s.input, &inputs[produced..upto]).await?;
+        produced = upto;
+        if upto > 100 {
+            let foreign = leave_transaction_open(s.kafka, &changelog, Duration::from_secs(600));
+            foreign.abort_transaction(onceflow_e2e::CALL_TIMEOUT)?;
+        }
+        let started = Instant::now();
+        let stats = run_until(&s, s.config(instance), upto).await?;
+        tracing::info!(instance, upto, took = ?started.elapsed(), replayed = stats.replayed_records, "run");
+    }
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    sum::assert_exactly_once(&inputs, &outputs);
+    Ok(())
+}
