@@ -448,7 +448,7 @@ impl TxLog {
     /// the file as far as it was written, without the close's sync, so that it opens again
     /// as of its last durable commit. (The file is copied as it is, the log closed, which
     /// syncs the original, and the copy put in its place.)
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn kill(self) -> Result<()> {
         let path = self.path.clone();
         let copy = path.with_extension("redb.killed");
