@@ -48,6 +48,7 @@ mod layers;
 mod open;
 mod overlay;
 mod store;
+mod sync;
 mod tables;
 #[cfg(test)]
 mod testutil;
@@ -56,7 +57,8 @@ pub(crate) use change::Change;
 pub(crate) use layers::View;
 pub(crate) use open::check_private;
 pub(crate) use overlay::Overlay;
-pub(crate) use store::{DEFAULT_SYNC_INTERVAL, Landed, Snapshot, TxLog};
+pub(crate) use store::{Landed, Snapshot, TxLog};
+pub(crate) use sync::DEFAULT_SYNC_INTERVAL;
 
 /// Version of the table layout; a file holding another is rebuilt from the changelog.
 pub(crate) const FORMAT_VERSION: u32 = 1;

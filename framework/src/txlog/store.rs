@@ -18,10 +18,11 @@
 //! ```
 //!
 //! Invariants:
-//! - A commit is durable at the latest with the first commit made once the oldest commit
-//!   not yet durable is `sync interval` old (zero: every commit is durable), or when the log
-//!   closes ([`TxLog::sync`], and redb's own close). Writes other than applies (a changelog
-//!   adopted, a partition cleared) are durable at once.
+//! - A commit is durable about `sync interval` after it was made at the latest (zero:
+//!   every commit is durable): the first write once the oldest unsynced commit is that old
+//!   commits durably, or the syncer thread does when no write comes (`sync.rs`); closing
+//!   syncs too ([`TxLog::sync`], and redb's own close). Writes other than applies (a
+//!   changelog adopted, a partition cleared) are durable at once.
 //! - Durability is all redb relaxes: every commit is visible to every reader of this
 //!   process as soon as it returns. The log is older than what the engine applied only
 //!   after the process died, and then nothing of the engine's memory is left (no overlay,
@@ -37,19 +38,20 @@
 //! - What the engine does need of a file on disk: that the changelog still holds, past each
 //!   checkpoint, every record since. Compaction keeps the last record per key, which gives
 //!   the same outcome; a tombstone is removed only `delete.retention.ms` after compaction
-//!   reached it, far longer than any sync interval while the log is written. An instance
-//!   that applies nothing keeps its last commits in memory until its next apply or its close.
+//!   reached it, far longer than any sync interval (an idle log is synced too, so a
+//!   checkpoint on disk is never much older than the last apply).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
 
 use redb::{
     Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, Table, WriteTransaction,
 };
 
+use super::sync::{Durable, Shared, Syncer, Syncing};
 use super::tables::{
     CHANGELOG_ID_KEY, CHECKPOINT, MARKER_FOLLOWS, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT,
     PROGRESS, SOURCE, STATE, STATE_COUNT, partition_range, state_error,
@@ -57,36 +59,16 @@ use super::tables::{
 use super::{Change, PartitionStats};
 use crate::{Error, Result};
 
-/// How long an apply may stay in memory only, until the engine's first batch brings the
-/// configured `txlog_sync_interval`.
-pub(crate) const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(1);
-
 /// The redb transaction log of one instance.
 pub(crate) struct TxLog {
     /// The open file; redb serialises write transactions and lets reads run beside them.
-    pub(super) db: Database,
+    pub(super) db: Arc<Database>,
     /// Where the file is, for errors and [`TxLog::file_size`].
     pub(super) path: PathBuf,
-    /// Which commits are not durable yet, and when the next must be.
-    syncing: Mutex<Syncing>,
-}
-
-/// When the log's commits reach the disk (the module's first invariant).
-#[derive(Debug)]
-struct Syncing {
-    /// An apply is durable once the oldest commit not yet durable is this old.
-    interval: Duration,
-    /// When the oldest commit that is not durable yet was made (None: every one is).
-    unsynced_since: Option<Instant>,
-}
-
-/// How durable one write must be.
-#[derive(Debug, Clone, Copy)]
-enum Durable {
-    /// When it returns.
-    Now,
-    /// Within the log's sync interval.
-    Soon,
+    /// Which commits are not durable yet, and when the next must be (`sync.rs`).
+    shared: Arc<Shared>,
+    /// Syncs what is unsynced when no write comes to do it.
+    syncer: Syncer,
 }
 
 impl fmt::Debug for TxLog {
@@ -172,13 +154,14 @@ impl Snapshot<'_> {
 impl TxLog {
     /// The log of the open file `db` at `path`: nothing unsynced yet.
     pub(super) fn new(db: Database, path: PathBuf) -> TxLog {
+        let db = Arc::new(db);
+        let shared = Shared::new();
+        let syncer = Syncer::start(&db, &path, &shared);
         TxLog {
             db,
             path,
-            syncing: Mutex::new(Syncing {
-                interval: DEFAULT_SYNC_INTERVAL,
-                unsynced_since: None,
-            }),
+            shared,
+            syncer,
         }
     }
 
@@ -282,7 +265,13 @@ impl TxLog {
         sync_interval: Duration,
     ) -> Result<()> {
         let doing = "applying a committed batch to the transaction log";
-        self.syncing().interval = sync_interval;
+        {
+            let mut syncing = self.syncing();
+            if syncing.interval != sync_interval {
+                syncing.interval = sync_interval;
+                self.shared.wake();
+            }
+        }
         self.write(doing, Durable::Soon, |txn| {
             let mut writer = Writer::open(txn)?;
             for (partition, changes, landed) in batch {
@@ -449,7 +438,8 @@ impl TxLog {
     /// as of its last durable commit. (The file is copied as it is, the log closed, which
     /// syncs the original, and the copy put in its place.)
     #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn kill(self) -> Result<()> {
+    pub(crate) fn kill(mut self) -> Result<()> {
+        self.syncer.stop();
         let path = self.path.clone();
         let copy = path.with_extension("redb.killed");
         let failed = |doing: &str, e: std::io::Error| Error::State {
@@ -476,18 +466,8 @@ impl TxLog {
         durable: Durable,
         body: impl FnOnce(&WriteTransaction) -> std::result::Result<(), redb::Error>,
     ) -> Result<()> {
-        // Held through the commit: redb runs one write transaction at a time anyway, and
-        // the record of what is unsynced must follow the commits' order.
         let mut syncing = self.syncing();
-        let now = match durable {
-            Durable::Now => true,
-            Durable::Soon => {
-                syncing.interval.is_zero()
-                    || syncing
-                        .unsynced_since
-                        .is_some_and(|since| since.elapsed() >= syncing.interval)
-            }
-        };
+        let now = syncing.durable_now(durable);
         let mut txn = self.db.begin_write().map_err(|e| self.error(doing, e))?;
         let durability = if now {
             Durability::Immediate
@@ -498,17 +478,17 @@ impl TxLog {
             .map_err(|e| self.error(doing, e))?;
         body(&txn).map_err(|e| self.error(doing, e))?;
         txn.commit().map_err(|e| self.error(doing, e))?;
-        if now {
-            syncing.unsynced_since = None;
-        } else {
-            syncing.unsynced_since.get_or_insert_with(Instant::now);
+        let starts_the_clock = !now && syncing.unsynced_since.is_none();
+        syncing.committed(now);
+        if starts_the_clock {
+            self.shared.wake();
         }
         Ok(())
     }
 
-    /// The record of unsynced commits (a panic while it was held leaves it as it was).
-    fn syncing(&self) -> std::sync::MutexGuard<'_, Syncing> {
-        self.syncing.lock().unwrap_or_else(|e| e.into_inner())
+    /// The record of unsynced commits, held through a write's commit.
+    fn syncing(&self) -> MutexGuard<'_, Syncing> {
+        self.shared.lock()
     }
 
     /// An [`Error::State`] about this file.
@@ -521,6 +501,7 @@ impl Drop for TxLog {
     /// Closing syncs what is not durable yet (redb's own close would too, but could only
     /// log its failure through a logger redb is not given).
     fn drop(&mut self) {
+        self.syncer.stop();
         if let Err(error) = self.sync() {
             tracing::warn!(
                 %error,

@@ -4,8 +4,8 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::txlog::Opened;
 use crate::txlog::testutil::{Snapshot, open_temp};
+use crate::txlog::{DEFAULT_SYNC_INTERVAL, Opened};
 
 thread_local! {
     /// Changes to let through before the next one fails, on this thread only.
@@ -568,12 +568,13 @@ fn applies_are_synced_once_the_oldest_unsynced_one_is_a_sync_interval_old() {
     log.apply(&batch).unwrap();
     assert!(log.synced(), "a zero interval syncs every apply");
 
-    log.syncing().interval = Duration::from_millis(50);
+    log.syncing().interval = Duration::from_secs(3600);
     log.apply(&batch).unwrap();
     assert!(!log.synced(), "the first apply after a sync waits");
     log.apply(&batch).unwrap();
     assert!(!log.synced());
-    std::thread::sleep(Duration::from_millis(60));
+    let long_ago = std::time::Instant::now() - Duration::from_secs(7200);
+    log.syncing().unsynced_since = Some(long_ago);
     log.apply(&batch).unwrap();
     assert!(
         log.synced(),
@@ -592,6 +593,21 @@ fn applies_are_synced_once_the_oldest_unsynced_one_is_a_sync_interval_old() {
     log.apply(&batch).unwrap();
     log.clear_partition(0).unwrap();
     assert!(log.synced());
+}
+
+#[test]
+fn an_idle_log_is_synced_by_its_syncer() {
+    let (_dir, log) = open_temp();
+    log.syncing().interval = Duration::from_millis(20);
+    log.apply(&[(0, vec![set("k", "v")], Some(1))]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !log.synced() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sync 30 s after an apply with a 20 ms sync interval"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
