@@ -622,3 +622,59 @@ fn a_log_closed_cleanly_keeps_its_unsynced_applies() {
     assert_eq!(log.checkpoint(0).unwrap(), Some(4));
     assert_eq!(log.state(0, b"k").unwrap(), Some(b"v".to_vec()));
 }
+
+/// Tells the child test where its log is (set only in the child).
+const KILLED_CHILD_DIR: &str = "ONCEFLOW_TEST_TXLOG_KILLED_CHILD";
+
+/// The child half of the next test: applies, syncs, applies again, and is SIGKILLed
+/// before the second apply is synced. Does nothing when run as a test of its own.
+#[test]
+fn killed_child() {
+    let Some(dir) = std::env::var_os(KILLED_CHILD_DIR) else {
+        return;
+    };
+    let (log, _) = TxLog::open(Path::new(&dir)).unwrap();
+    log.syncing().interval = Duration::from_secs(3600);
+    log.apply(&[(0, vec![set("k", "synced")], Some(1))])
+        .unwrap();
+    log.sync().unwrap();
+    log.apply(&[(0, vec![set("k", "unsynced")], Some(2))])
+        .unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &std::process::id().to_string()])
+        .status();
+    std::thread::sleep(Duration::from_secs(30));
+    panic!("SIGKILL did not come");
+}
+
+/// What `TxLog::kill` stands for in the other tests, with a real process: killed between
+/// two syncs, the file opens at its last sync.
+#[test]
+fn a_process_killed_between_syncs_leaves_its_log_at_the_last_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "txlog::store::tests::killed_child",
+            "--test-threads=1",
+        ])
+        .env(KILLED_CHILD_DIR, &state)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "the child was SIGKILLed: {status}"
+        );
+    }
+    let (log, opened) = TxLog::open(&state).unwrap();
+    assert_eq!(opened, Opened::Existing);
+    assert_eq!(log.checkpoint(0).unwrap(), Some(1));
+    assert_eq!(log.state(0, b"k").unwrap(), Some(b"synced".to_vec()));
+}
