@@ -26,7 +26,8 @@ impl TxLog {
         Ok(Snapshot(self.0.snapshot()?))
     }
 
-    /// Applies a batch's overlay in one durable redb transaction, as after a commit.
+    /// Applies a batch's overlay in one redb transaction, as after a commit (synced to
+    /// disk only every sync interval, as the engine's applies are).
     pub fn apply(&self, overlay: Overlay) -> Result<()> {
         let batch: Vec<(i32, Vec<Change>, Option<i64>)> = overlay
             .0

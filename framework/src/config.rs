@@ -184,6 +184,10 @@ pub struct EngineConfig {
     /// Bound on one Kafka transaction, and so on a hung commit and on how long a dead
     /// instance's open transaction stalls `read_committed` readers (default 10 s).
     pub transaction_timeout: Duration,
+    /// How long the transaction log may keep a batch's apply in memory only before it is
+    /// synced to disk (default 1 s; zero: every batch, one fsync each). A crash loses at
+    /// most about this much of the log, and the next start replays it from the changelog.
+    pub txlog_sync_interval: Duration,
     /// Any other librdkafka property, passed to every client unchanged.
     pub kafka_properties: Vec<(String, String)>,
     /// What to do with a record that cannot be processed (default: dead-letter it).
@@ -229,6 +233,7 @@ impl std::fmt::Debug for EngineConfig {
                 &self.changelog_replication_factor,
             )
             .field("transaction_timeout", &self.transaction_timeout)
+            .field("txlog_sync_interval", &self.txlog_sync_interval)
             .field(
                 "kafka_properties",
                 &crate::redact::Properties(&self.kafka_properties),
@@ -275,6 +280,7 @@ impl EngineConfig {
             // this long. Batches commit at half of it, so only one record slower than this
             // is cut short (dead-lettered as `transaction-timeout`).
             transaction_timeout: Duration::from_secs(10),
+            txlog_sync_interval: crate::txlog::DEFAULT_SYNC_INTERVAL,
             kafka_properties: Vec::new(),
             on_error: ErrorPolicy::DeadLetter,
             dead_letter_topic: None,
@@ -317,6 +323,13 @@ impl EngineConfig {
     pub fn dedup(mut self, window: Duration, max_entries: Option<u64>) -> Self {
         self.dedup_window = window;
         self.dedup_max_entries = max_entries;
+        self
+    }
+
+    /// Sets how long the transaction log may keep applies in memory only
+    /// ([`EngineConfig::txlog_sync_interval`]).
+    pub fn txlog_sync_interval(mut self, interval: Duration) -> Self {
+        self.txlog_sync_interval = interval;
         self
     }
 

@@ -6,7 +6,9 @@
 //! reader sees a transaction's records only once it commits, an aborted one never, and
 //! the input offsets commit with the transaction. The transaction log is the real one
 //! (redb, in a temporary directory). What it does not have is a broker's failures of its
-//! own; the ones a test names are injected ([`TestDriver::fail`], [`TestDriver::crash_at`]).
+//! own; the ones a test names are injected ([`TestDriver::fail`], [`TestDriver::crash_at`],
+//! [`TestDriver::kill`]). A crash, as in a process, loses the transaction log's applies
+//! that were not synced to disk yet (`txlog_sync_interval`): the restart replays them.
 //!
 //! ```
 //! # use onceflow::{Context, Event, Processor, Result};
@@ -365,7 +367,7 @@ impl<P: Processor> TestDriver<P> {
                     self.crashes.extend(CrashPoint::from_name(point));
                     drop(instance);
                     drop(txlog);
-                    self.txlog = None;
+                    self.kill_txlog()?;
                 }
                 Outcome::Stopped(error) => return Err(error),
             }
@@ -396,6 +398,18 @@ impl<P: Processor> TestDriver<P> {
     pub fn restart(&mut self) -> Result<()> {
         self.instance = None;
         self.txlog = None;
+        self.open_txlog().map(drop)
+    }
+
+    /// Kills the instance, as SIGKILL or a power cut would, between two batches: no
+    /// clean shutdown, so the transaction log comes back as of its last commit synced to
+    /// disk (`txlog_sync_interval`; the applies since are lost, as a crash at a
+    /// [`CrashPoint`] loses them too). The next [`TestDriver::process`] starts a new
+    /// instance, which replays the changelog from the older checkpoints; until then
+    /// [`TestDriver::state`] reads the log as it came back.
+    pub fn kill(&mut self) -> Result<()> {
+        self.instance = None;
+        self.kill_txlog()?;
         self.open_txlog().map(drop)
     }
 
@@ -515,6 +529,17 @@ impl<P: Processor> TestDriver<P> {
         // Inside the driver's temporary directory (`dir`), removed with the driver.
         debug_assert!(self.config.state_dir.starts_with(self.dir.path()));
         self.config.instance_dir()
+    }
+
+    /// Closes the transaction log as a killed process leaves it (nothing else may hold it).
+    fn kill_txlog(&mut self) -> Result<()> {
+        let Some(txlog) = self.txlog.take() else {
+            return Ok(());
+        };
+        let txlog = Arc::try_unwrap(txlog).unwrap_or_else(|_| {
+            panic!("the transaction log is still in use after the engine stopped")
+        });
+        txlog.kill()
     }
 
     fn open_txlog(&mut self) -> Result<Arc<TxLog>> {

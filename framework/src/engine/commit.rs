@@ -168,8 +168,9 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             .collect();
         let txlog = Arc::clone(self.txlog);
         let transactional = config.delivery == DeliveryMode::ExactlyOnce;
+        let sync_interval = config.txlog_sync_interval;
         kafka::blocking("apply the batch to the transaction log", move || {
-            txlog.apply_committed(&applied, transactional)
+            txlog.apply_committed(&applied, transactional, sync_interval)
         })
         .await?;
 

@@ -34,8 +34,10 @@
 //! - Applying a change is idempotent and last-write-wins per changelog key, so replaying
 //!   records already applied (a crash between commit and checkpoint) changes nothing, and
 //!   compaction, which keeps only the last record per key, cannot change the outcome.
-//! - One [`TxLog::apply`] is one durable redb transaction: a checkpoint is never visible
-//!   without the changes up to it.
+//! - One [`TxLog::apply`] is one redb transaction: a checkpoint is never visible without
+//!   the changes up to it. It is durable within the sync interval (`store.rs`): a file that
+//!   comes back at an earlier commit after a crash is a log with older checkpoints, which
+//!   the next replay brings up to date.
 //! - A checkpoint never moves over changelog records that were not applied: an engine's
 //!   own batch moves it only when its records directly follow it
 //!   ([`TxLog::apply_committed`]); anything else is left for the next replay to read.
@@ -46,6 +48,7 @@ mod layers;
 mod open;
 mod overlay;
 mod store;
+mod sync;
 mod tables;
 #[cfg(test)]
 mod testutil;
@@ -55,6 +58,7 @@ pub(crate) use layers::View;
 pub(crate) use open::check_private;
 pub(crate) use overlay::Overlay;
 pub(crate) use store::{Landed, Snapshot, TxLog};
+pub(crate) use sync::DEFAULT_SYNC_INTERVAL;
 
 /// Version of the table layout; a file holding another is rebuilt from the changelog.
 pub(crate) const FORMAT_VERSION: u32 = 1;

@@ -37,7 +37,7 @@ impl TxLog {
                 } else {
                     Opened::Existing
                 };
-                return Ok((TxLog { db, path }, opened));
+                return Ok((TxLog::new(db, path), opened));
             }
             Attempt::Unusable(reason) => reason,
         };
@@ -45,7 +45,7 @@ impl TxLog {
         let reason = format!("{reason}; the old file was moved to {}", aside.display());
         tracing::warn!(path = %path.display(), %reason, "rebuilding the transaction log");
         match attempt(&path)? {
-            Attempt::Ready { db, .. } => Ok((TxLog { db, path }, Opened::Rebuilt { reason })),
+            Attempt::Ready { db, .. } => Ok((TxLog::new(db, path), Opened::Rebuilt { reason })),
             Attempt::Unusable(again) => Err(Error::State {
                 path,
                 message: format!(
@@ -73,7 +73,7 @@ impl TxLog {
         }
         let opened = panic::catch_unwind(AssertUnwindSafe(|| Builder::new().open(&path)));
         match opened {
-            Ok(Ok(db)) => Ok(TxLog { db, path }),
+            Ok(Ok(db)) => Ok(TxLog::new(db, path)),
             Ok(Err(err)) => match redb::Error::from(err) {
                 err if matches!(classify(&err), Failure::Locked) => Err(Error::State {
                     path,

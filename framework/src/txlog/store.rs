@@ -1,17 +1,57 @@
 //! [`TxLog`]: reads and atomic, idempotent writes of the redb transaction log.
 //!
 //! Opening (and rebuilding a damaged file) is in `open.rs`; this file holds what an open log
-//! does. Every read runs in its own redb read transaction, and every write in one durable
-//! write transaction, so a reader never sees half a batch.
+//! does. Every read runs in its own redb read transaction, and every write in one write
+//! transaction, so a reader never sees half a batch.
+//!
+//! Applies are not synced to the disk one by one: the changelog is the source of truth,
+//! and a commit the disk never saw is one the next replay applies again.
+//!
+//! ```text
+//!  apply  apply  apply  apply  apply ─── … ─►  time
+//!    D      n      n      n      D            D: durable (Durability::Immediate, an fsync)
+//!    │◄─ sync interval ──►│      │            n: in memory only (Durability::None), until
+//!    └ checkpoint c1             └ c5            the next D makes it, and all before, durable
+//!
+//!  killed after the 4th apply: the file opens at c1 ─► the assignment's catch-up replays the
+//!  changelog from c1 to the group's committed offset, so applies 2 to 4 are applied again
+//! ```
+//!
+//! Invariants:
+//! - A commit is durable about `sync interval` after it was made at the latest (zero:
+//!   every commit is durable): the first write once the oldest unsynced commit is that old
+//!   commits durably, or the syncer thread does when no write comes (`sync.rs`); closing
+//!   syncs too ([`TxLog::sync`], and redb's own close). Writes other than applies (a
+//!   changelog adopted, a partition cleared) are durable at once.
+//! - Durability is all redb relaxes: every commit is visible to every reader of this
+//!   process as soon as it returns. The log is older than what the engine applied only
+//!   after the process died, and then nothing of the engine's memory is left (no overlay,
+//!   no batch in flight, no owned partition) to disagree with it.
+//! - A file that comes back at an earlier commit is consistent as of that commit: each
+//!   commit holds a batch's changes together with its checkpoint, `marker_follows`,
+//!   progress and counts. So it is a log whose checkpoints are older, which is what a crash
+//!   between a Kafka commit and its apply leaves too: the next replay reads from each
+//!   checkpoint, re-applies the records since (idempotent, last write wins per key) and goes
+//!   on until the progress records reach the group's committed offset. `marker_follows`
+//!   only lets a later batch of the engine's own move a checkpoint that its own apply set;
+//!   after a restart the replay sets every checkpoint (and clears the mark) first.
+//! - What the engine does need of a file on disk: that the changelog still holds, past each
+//!   checkpoint, every record since. Compaction keeps the last record per key, which gives
+//!   the same outcome; a tombstone is removed only `delete.retention.ms` after compaction
+//!   reached it, far longer than any sync interval (an idle log is synced too, so a
+//!   checkpoint on disk is never much older than the last apply).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
 
 use redb::{
     Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, Table, WriteTransaction,
 };
 
+use super::sync::{Durable, Shared, Syncer, Syncing};
 use super::tables::{
     CHANGELOG_ID_KEY, CHECKPOINT, MARKER_FOLLOWS, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT,
     PROGRESS, SOURCE, STATE, STATE_COUNT, partition_range, state_error,
@@ -22,9 +62,13 @@ use crate::{Error, Result};
 /// The redb transaction log of one instance.
 pub(crate) struct TxLog {
     /// The open file; redb serialises write transactions and lets reads run beside them.
-    pub(super) db: Database,
+    pub(super) db: Arc<Database>,
     /// Where the file is, for errors and [`TxLog::file_size`].
     pub(super) path: PathBuf,
+    /// Which commits are not durable yet, and when the next must be (`sync.rs`).
+    shared: Arc<Shared>,
+    /// Syncs what is unsynced when no write comes to do it.
+    syncer: Syncer,
 }
 
 impl fmt::Debug for TxLog {
@@ -108,6 +152,19 @@ impl Snapshot<'_> {
 }
 
 impl TxLog {
+    /// The log of the open file `db` at `path`: nothing unsynced yet.
+    pub(super) fn new(db: Database, path: PathBuf) -> TxLog {
+        let db = Arc::new(db);
+        let shared = Shared::new();
+        let syncer = Syncer::start(&db, &path, &shared);
+        TxLog {
+            db,
+            path,
+            shared,
+            syncer,
+        }
+    }
+
     /// Path of the redb file.
     pub(crate) fn path(&self) -> &Path {
         &self.path
@@ -166,18 +223,18 @@ impl TxLog {
 
     /// Applies changelog records read by replay: each partition's changes in order, and
     /// its checkpoint (when Some) set to the offset after them, in ONE redb write
-    /// transaction, durable (Durability::Immediate) when it returns. Either everything
-    /// applies or nothing does.
+    /// transaction, durable within the sync interval of the engine's last batch. Either
+    /// everything applies or nothing does.
     pub(crate) fn apply(&self, batch: &[(i32, Vec<Change>, Option<i64>)]) -> Result<()> {
         let nothing = batch
             .iter()
             .all(|(_, changes, checkpoint)| changes.is_empty() && checkpoint.is_none());
         if nothing {
-            // A commit is an fsync; an idle poll loop should not pay for one.
+            // Even a commit that is not synced costs a write transaction.
             return Ok(());
         }
         let doing = "applying a batch to the transaction log";
-        self.write(doing, |txn| {
+        self.write(doing, Durable::Soon, |txn| {
             let mut writer = Writer::open(txn)?;
             for (partition, changes, checkpoint) in batch {
                 writer.apply_all(*partition, changes)?;
@@ -199,14 +256,23 @@ impl TxLog {
     /// engine's own records then is harmless: applying a change is idempotent.
     ///
     /// `transactional`: the records were committed in a transaction, so a commit marker
-    /// follows them.
+    /// follows them. `sync_interval`: the engine's `txlog_sync_interval`, how long this
+    /// apply (and the replays after it) may stay in memory only.
     pub(crate) fn apply_committed(
         &self,
         batch: &[(i32, Vec<Change>, Option<Landed>)],
         transactional: bool,
+        sync_interval: Duration,
     ) -> Result<()> {
         let doing = "applying a committed batch to the transaction log";
-        self.write(doing, |txn| {
+        {
+            let mut syncing = self.syncing();
+            if syncing.interval != sync_interval {
+                syncing.interval = sync_interval;
+                self.shared.wake();
+            }
+        }
+        self.write(doing, Durable::Soon, |txn| {
             let mut writer = Writer::open(txn)?;
             for (partition, changes, landed) in batch {
                 writer.apply_all(*partition, changes)?;
@@ -280,7 +346,7 @@ impl TxLog {
     /// built from, if that was another.
     pub(crate) fn adopt_changelog(&self, id: &str) -> Result<Option<String>> {
         let mut was = None;
-        self.write("recording the changelog's topic ID", |txn| {
+        self.write("recording the changelog's topic ID", Durable::Now, |txn| {
             let mut source = txn.open_table(SOURCE)?;
             let stored = source.get(CHANGELOG_ID_KEY)?.map(|g| g.value().to_owned());
             match stored {
@@ -306,23 +372,27 @@ impl TxLog {
 
     /// Forgets every entry, state and checkpoint of `partition` (used when its changelog must be replayed from scratch).
     pub(crate) fn clear_partition(&self, partition: i32) -> Result<()> {
-        self.write("clearing a partition of the transaction log", |txn| {
-            txn.open_table(PROCESSED)?
-                .retain_in(partition_range(partition, |p| (p, "")), |_, _| false)?;
-            txn.open_table(PROCESSED_BY_TIME)?
-                .retain_in(partition_range(partition, |p| (p, i64::MIN, "")), |_, _| {
-                    false
-                })?;
-            let empty: &[u8] = &[];
-            txn.open_table(STATE)?
-                .retain_in(partition_range(partition, |p| (p, empty)), |_, _| false)?;
-            txn.open_table(PROCESSED_COUNT)?.remove(partition)?;
-            txn.open_table(STATE_COUNT)?.remove(partition)?;
-            txn.open_table(CHECKPOINT)?.remove(partition)?;
-            txn.open_table(MARKER_FOLLOWS)?.remove(partition)?;
-            txn.open_table(PROGRESS)?.remove(partition)?;
-            Ok(())
-        })
+        self.write(
+            "clearing a partition of the transaction log",
+            Durable::Now,
+            |txn| {
+                txn.open_table(PROCESSED)?
+                    .retain_in(partition_range(partition, |p| (p, "")), |_, _| false)?;
+                txn.open_table(PROCESSED_BY_TIME)?
+                    .retain_in(partition_range(partition, |p| (p, i64::MIN, "")), |_, _| {
+                        false
+                    })?;
+                let empty: &[u8] = &[];
+                txn.open_table(STATE)?
+                    .retain_in(partition_range(partition, |p| (p, empty)), |_, _| false)?;
+                txn.open_table(PROCESSED_COUNT)?.remove(partition)?;
+                txn.open_table(STATE_COUNT)?.remove(partition)?;
+                txn.open_table(CHECKPOINT)?.remove(partition)?;
+                txn.open_table(MARKER_FOLLOWS)?.remove(partition)?;
+                txn.open_table(PROGRESS)?.remove(partition)?;
+                Ok(())
+            },
+        )
     }
 
     /// Per-partition statistics (sorted by partition), for `inspect` and metrics.
@@ -349,23 +419,95 @@ impl TxLog {
         self.db.begin_read().map_err(|e| self.error(doing, e))
     }
 
-    /// Runs `body` in a write transaction and commits it durably; on any error nothing of
-    /// it is kept, since dropping an uncommitted redb transaction aborts it.
+    /// Makes every commit so far durable (one fsync), if one is not: before the log
+    /// closes, or wherever losing even the last sync interval's applies would cost a
+    /// replay worth avoiding.
+    pub(crate) fn sync(&self) -> Result<()> {
+        if self.syncing().unsynced_since.is_none() {
+            return Ok(());
+        }
+        // An empty durable commit: redb makes a non-durable commit durable only by a
+        // durable one after it.
+        self.write("syncing the transaction log to disk", Durable::Now, |_| {
+            Ok(())
+        })
+    }
+
+    /// Closes the log as a killed process leaves it, for the tests of what a crash loses:
+    /// the file as far as it was written, without the close's sync, so that it opens again
+    /// as of its last durable commit. (The file is copied as it is, the log closed, which
+    /// syncs the original, and the copy put in its place.)
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn kill(mut self) -> Result<()> {
+        self.syncer.stop();
+        let path = self.path.clone();
+        let copy = path.with_extension("redb.killed");
+        let failed = |doing: &str, e: std::io::Error| Error::State {
+            path: path.clone(),
+            message: format!("{doing} failed: {e}"),
+        };
+        std::fs::copy(&path, &copy).map_err(|e| failed("copying the file as it is", e))?;
+        drop(self);
+        std::fs::rename(&copy, &path).map_err(|e| failed("putting the copy in its place", e))
+    }
+
+    /// Whether every commit so far is durable.
+    #[cfg(test)]
+    pub(super) fn synced(&self) -> bool {
+        self.syncing().unsynced_since.is_none()
+    }
+
+    /// Runs `body` in a write transaction and commits it, durably when `durable` says so
+    /// (see [`Syncing`]); on any error nothing of it is kept, since dropping an
+    /// uncommitted redb transaction aborts it.
     fn write(
         &self,
         doing: &str,
+        durable: Durable,
         body: impl FnOnce(&WriteTransaction) -> std::result::Result<(), redb::Error>,
     ) -> Result<()> {
+        let mut syncing = self.syncing();
+        let now = syncing.durable_now(durable);
         let mut txn = self.db.begin_write().map_err(|e| self.error(doing, e))?;
-        txn.set_durability(Durability::Immediate)
+        let durability = if now {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        txn.set_durability(durability)
             .map_err(|e| self.error(doing, e))?;
         body(&txn).map_err(|e| self.error(doing, e))?;
-        txn.commit().map_err(|e| self.error(doing, e))
+        txn.commit().map_err(|e| self.error(doing, e))?;
+        let starts_the_clock = !now && syncing.unsynced_since.is_none();
+        syncing.committed(now);
+        if starts_the_clock {
+            self.shared.wake();
+        }
+        Ok(())
+    }
+
+    /// The record of unsynced commits, held through a write's commit.
+    fn syncing(&self) -> MutexGuard<'_, Syncing> {
+        self.shared.lock()
     }
 
     /// An [`Error::State`] about this file.
     fn error(&self, doing: &str, err: impl Into<redb::Error>) -> Error {
         state_error(&self.path, doing, err)
+    }
+}
+
+impl Drop for TxLog {
+    /// Closing syncs what is not durable yet (redb's own close would too, but could only
+    /// log its failure through a logger redb is not given).
+    fn drop(&mut self) {
+        self.syncer.stop();
+        if let Err(error) = self.sync() {
+            tracing::warn!(
+                %error,
+                "the transaction log's last applies may be lost; the next start replays them"
+            );
+        }
     }
 }
 

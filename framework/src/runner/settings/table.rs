@@ -293,6 +293,16 @@ pub(super) const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "txlog_sync_interval",
+        value_name: "DURATION",
+        help: "How long the transaction log may keep applies in memory only before it syncs them (0s: every batch); a crash replays them from the changelog",
+        default: Fallback::Value(|s| duration_text(s.engine.txlog_sync_interval)),
+        set: |text, s| {
+            s.engine.txlog_sync_interval = duration(text)?;
+            Ok(())
+        },
+    },
+    Setting {
         key: "accept_changelog_behind",
         value_name: "BOOL",
         help: "Go on when a changelog's progress does not reach the group's committed offsets",

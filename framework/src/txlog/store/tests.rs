@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::txlog::testutil::{Snapshot, open_temp};
+use crate::txlog::{DEFAULT_SYNC_INTERVAL, Opened};
 
 thread_local! {
     /// Changes to let through before the next one fails, on this thread only.
@@ -30,6 +31,9 @@ pub(super) fn inject_failure() -> std::result::Result<(), redb::Error> {
 fn fail_after(n: usize) {
     FAIL_AFTER.with(|left| left.set(Some(n)));
 }
+
+/// The sync interval of the engine's batches in these tests: the default.
+const SYNC: Duration = DEFAULT_SYNC_INTERVAL;
 
 fn processed(id: &str, offset: i64, at: i64) -> Change {
     Change::Processed {
@@ -402,17 +406,18 @@ fn a_committed_batch_moves_the_checkpoint_only_over_records_that_follow_it() {
     let progress = |input_offset| Change::Progress { input_offset };
     // Replay left the checkpoint at 10, with no commit marker to expect.
     log.apply(&[(0, vec![], Some(10))]).unwrap();
-    log.apply_committed(&[(0, vec![progress(5)], landed(10, 13))], true)
+    log.apply_committed(&[(0, vec![progress(5)], landed(10, 13))], true, SYNC)
         .unwrap();
     assert_eq!(log.checkpoint(0).unwrap(), Some(13));
     // After a committed transaction, one offset (its commit marker) may lie between.
-    log.apply_committed(&[(0, vec![progress(7)], landed(14, 16))], true)
+    log.apply_committed(&[(0, vec![progress(7)], landed(14, 16))], true, SYNC)
         .unwrap();
     assert_eq!(log.checkpoint(0).unwrap(), Some(16));
     // Records nobody read lie before this batch's: the changes apply, the checkpoint stays.
     log.apply_committed(
         &[(0, vec![set("k", "v"), progress(9)], landed(20, 22))],
         true,
+        SYNC,
     )
     .unwrap();
     assert_eq!(log.checkpoint(0).unwrap(), Some(16));
@@ -421,18 +426,18 @@ fn a_committed_batch_moves_the_checkpoint_only_over_records_that_follow_it() {
     // Replay sets it past the markers it read: no marker to expect any more, so a
     // one-offset gap is a record nobody read.
     log.apply(&[(0, vec![], Some(25))]).unwrap();
-    log.apply_committed(&[(0, vec![progress(11)], landed(26, 27))], true)
+    log.apply_committed(&[(0, vec![progress(11)], landed(26, 27))], true, SYNC)
         .unwrap();
     assert_eq!(log.checkpoint(0).unwrap(), Some(25));
     // Without transactions there are no markers: only a batch right at the checkpoint moves it.
-    log.apply_committed(&[(0, vec![progress(12)], landed(25, 27))], false)
+    log.apply_committed(&[(0, vec![progress(12)], landed(25, 27))], false, SYNC)
         .unwrap();
     assert_eq!(log.checkpoint(0).unwrap(), Some(27));
-    log.apply_committed(&[(0, vec![progress(13)], landed(28, 29))], false)
+    log.apply_committed(&[(0, vec![progress(13)], landed(28, 29))], false, SYNC)
         .unwrap();
     assert_eq!(log.checkpoint(0).unwrap(), Some(27));
     // A partition never replayed has no checkpoint to move.
-    log.apply_committed(&[(1, vec![progress(1)], landed(0, 1))], true)
+    log.apply_committed(&[(1, vec![progress(1)], landed(0, 1))], true, SYNC)
         .unwrap();
     assert_eq!(log.checkpoint(1).unwrap(), None);
 
@@ -487,4 +492,189 @@ fn a_changelog_with_another_topic_id_empties_the_log() {
     assert_eq!(log.progress(1).unwrap(), None);
     // Adopted: the next start finds it the same.
     assert_eq!(log.adopt_changelog("id-2").unwrap(), None);
+}
+
+/// A log killed after `synced` applies were synced and `unsynced` more were not, reopened.
+fn killed_after(
+    interval: Duration,
+    synced: &[Batch],
+    unsynced: &[Batch],
+) -> (tempfile::TempDir, TxLog) {
+    let (dir, log) = open_temp();
+    log.syncing().interval = interval;
+    for batch in synced {
+        log.apply(batch).unwrap();
+    }
+    log.sync().unwrap();
+    assert!(log.synced());
+    for batch in unsynced {
+        log.apply(batch).unwrap();
+    }
+    log.kill().unwrap();
+    let (log, opened) = TxLog::open(&dir.path().join("state")).unwrap();
+    assert_eq!(
+        opened,
+        Opened::Existing,
+        "a killed log opens, it is not rebuilt"
+    );
+    (dir, log)
+}
+
+type Batch = Vec<(i32, Vec<Change>, Option<i64>)>;
+
+#[test]
+fn a_killed_log_comes_back_at_its_last_sync_and_replay_brings_it_up_to_date() {
+    let synced: Vec<Batch> = vec![
+        vec![(0, vec![processed("a", 0, 100), set("k", "1")], Some(2))],
+        vec![(1, vec![processed("b", 0, 100)], Some(1))],
+    ];
+    let unsynced: Vec<Batch> = vec![
+        vec![(
+            0,
+            vec![processed("c", 1, 200), set("k", "2"), set("j", "x")],
+            Some(5),
+        )],
+        vec![
+            (0, vec![expired("a"), delete("j")], Some(7)),
+            (1, vec![set("m", "y")], Some(3)),
+        ],
+    ];
+    let (_all, whole) = open_temp();
+    for batch in synced.iter().chain(&unsynced) {
+        whole.apply(batch).unwrap();
+    }
+    let (_at_sync, at_sync) = open_temp();
+    for batch in &synced {
+        at_sync.apply(batch).unwrap();
+    }
+
+    let (_dir, log) = killed_after(Duration::from_secs(3600), &synced, &unsynced);
+    // Consistent as of the sync (Snapshot::of checks the index and the counts): the
+    // unsynced applies, checkpoints included, are gone as a whole.
+    assert_eq!(Snapshot::of(&log), Snapshot::of(&at_sync));
+    assert_eq!(log.checkpoint(0).unwrap(), Some(2));
+    // What replay does: the records from each checkpoint on, again.
+    for batch in &unsynced {
+        log.apply(batch).unwrap();
+    }
+    assert_eq!(Snapshot::of(&log), Snapshot::of(&whole));
+}
+
+#[test]
+fn applies_are_synced_once_the_oldest_unsynced_one_is_a_sync_interval_old() {
+    let batch: Batch = vec![(0, vec![set("k", "v")], Some(1))];
+    let (_dir, log) = open_temp();
+    log.syncing().interval = Duration::ZERO;
+    log.apply(&batch).unwrap();
+    assert!(log.synced(), "a zero interval syncs every apply");
+
+    log.syncing().interval = Duration::from_secs(3600);
+    log.apply(&batch).unwrap();
+    assert!(!log.synced(), "the first apply after a sync waits");
+    log.apply(&batch).unwrap();
+    assert!(!log.synced());
+    let long_ago = std::time::Instant::now() - Duration::from_secs(7200);
+    log.syncing().unsynced_since = Some(long_ago);
+    log.apply(&batch).unwrap();
+    assert!(
+        log.synced(),
+        "an apply a sync interval after the oldest unsynced one syncs"
+    );
+
+    // The engine's batches bring the configured interval, which replays use too.
+    log.apply_committed(&[(0, vec![], None)], true, Duration::ZERO)
+        .unwrap();
+    assert!(log.synced());
+    log.apply(&batch).unwrap();
+    assert!(log.synced());
+
+    // Writes other than applies are synced at once.
+    log.syncing().interval = Duration::from_secs(3600);
+    log.apply(&batch).unwrap();
+    log.clear_partition(0).unwrap();
+    assert!(log.synced());
+}
+
+#[test]
+fn an_idle_log_is_synced_by_its_syncer() {
+    let (_dir, log) = open_temp();
+    log.syncing().interval = Duration::from_millis(20);
+    log.apply(&[(0, vec![set("k", "v")], Some(1))]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !log.synced() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sync 30 s after an apply with a 20 ms sync interval"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_log_closed_cleanly_keeps_its_unsynced_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = TxLog::open(dir.path()).unwrap();
+    log.syncing().interval = Duration::from_secs(3600);
+    log.apply(&[(0, vec![set("k", "v")], Some(4))]).unwrap();
+    assert!(!log.synced());
+    drop(log);
+    let (log, _) = TxLog::open(dir.path()).unwrap();
+    assert_eq!(log.checkpoint(0).unwrap(), Some(4));
+    assert_eq!(log.state(0, b"k").unwrap(), Some(b"v".to_vec()));
+}
+
+/// Tells the child test where its log is (set only in the child).
+const KILLED_CHILD_DIR: &str = "ONCEFLOW_TEST_TXLOG_KILLED_CHILD";
+
+/// The child half of the next test: applies, syncs, applies again, and is SIGKILLed
+/// before the second apply is synced. Does nothing when run as a test of its own.
+#[test]
+fn killed_child() {
+    let Some(dir) = std::env::var_os(KILLED_CHILD_DIR) else {
+        return;
+    };
+    let (log, _) = TxLog::open(Path::new(&dir)).unwrap();
+    log.syncing().interval = Duration::from_secs(3600);
+    log.apply(&[(0, vec![set("k", "synced")], Some(1))])
+        .unwrap();
+    log.sync().unwrap();
+    log.apply(&[(0, vec![set("k", "unsynced")], Some(2))])
+        .unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &std::process::id().to_string()])
+        .status();
+    std::thread::sleep(Duration::from_secs(30));
+    panic!("SIGKILL did not come");
+}
+
+/// What `TxLog::kill` stands for in the other tests, with a real process: killed between
+/// two syncs, the file opens at its last sync.
+#[test]
+fn a_process_killed_between_syncs_leaves_its_log_at_the_last_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "txlog::store::tests::killed_child",
+            "--test-threads=1",
+        ])
+        .env(KILLED_CHILD_DIR, &state)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "the child was SIGKILLed: {status}"
+        );
+    }
+    let (log, opened) = TxLog::open(&state).unwrap();
+    assert_eq!(opened, Opened::Existing);
+    assert_eq!(log.checkpoint(0).unwrap(), Some(1));
+    assert_eq!(log.state(0, b"k").unwrap(), Some(b"synced".to_vec()));
 }
