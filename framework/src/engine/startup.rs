@@ -54,10 +54,7 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
     match kafka::partition_count(options, &changelog, METADATA_TIMEOUT).await? {
         Some(found) if found == partitions => {
             // Deletion would drop dedup entries and state that are still in use.
-            let policy =
-                kafka::topic_config(options, &changelog, "cleanup.policy", METADATA_TIMEOUT)
-                    .await?
-                    .unwrap_or_default();
+            let policy = cleanup_policy(options, &changelog).await?;
             if !policy.split(',').any(|p| p.trim() == "compact") {
                 return Err(Error::Config {
                     key: "changelog_topic".into(),
@@ -260,4 +257,29 @@ pub(super) fn log_contents(txlog: &TxLog) {
         }
         (Err(error), _) | (_, Err(error)) => tracing::warn!(%error, "transaction log statistics"),
     }
+}
+
+/// The changelog's `cleanup.policy`. Every topic has one (Kafka's default is `delete`),
+/// so no value means the broker that answered does not know the topic's configuration
+/// yet: the cluster test saw an instance refuse a changelog its peer had just created,
+/// its policy read as empty on a three-node cluster. Asked again for a while (10 tries,
+/// 0.5 s apart) before no value counts as not compacted.
+async fn cleanup_policy(options: &ClientOptions, changelog: &str) -> Result<String> {
+    for _ in 1..10 {
+        match kafka::topic_config(options, changelog, "cleanup.policy", METADATA_TIMEOUT).await? {
+            Some(policy) if !policy.is_empty() => return Ok(policy),
+            _ => {
+                tracing::info!(
+                    topic = changelog,
+                    "the changelog's cleanup.policy is not known yet; asking again"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    Ok(
+        kafka::topic_config(options, changelog, "cleanup.policy", METADATA_TIMEOUT)
+            .await?
+            .unwrap_or_default(),
+    )
 }
