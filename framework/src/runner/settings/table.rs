@@ -274,11 +274,7 @@ pub(super) const SETTINGS: &[Setting] = &[
         help: "A record without an event ID is handled per on_error",
         default: Fallback::Value(|s| s.engine.require_event_id.to_string()),
         set: |text, s| {
-            s.engine.require_event_id = match text {
-                "true" | "yes" | "1" => true,
-                "false" | "no" | "0" => false,
-                _ => return Err("true or false".into()),
-            };
+            s.engine.require_event_id = boolean(text)?;
             Ok(())
         },
     },
@@ -308,11 +304,7 @@ pub(super) const SETTINGS: &[Setting] = &[
         help: "Go on when a changelog's progress does not reach the group's committed offsets",
         default: Fallback::Value(|s| s.engine.accept_changelog_behind.to_string()),
         set: |text, s| {
-            s.engine.accept_changelog_behind = match text {
-                "true" | "yes" | "1" => true,
-                "false" | "no" | "0" => false,
-                _ => return Err("true or false".into()),
-            };
+            s.engine.accept_changelog_behind = boolean(text)?;
             Ok(())
         },
     },
@@ -496,6 +488,15 @@ fn set_outputs(text: &str, settings: &mut Settings) -> Result<(), String> {
 }
 
 /// A duration such as `250ms` or `7days`.
+/// A BOOL setting's value: `true`, `yes`, `1` or `false`, `no`, `0`.
+fn boolean(text: &str) -> Result<bool, String> {
+    match text {
+        "true" | "yes" | "1" => Ok(true),
+        "false" | "no" | "0" => Ok(false),
+        _ => Err("true or false".into()),
+    }
+}
+
 fn duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|_| "a duration such as 250ms, 5s, 2min, 7days".into())
 }
