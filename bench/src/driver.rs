@@ -5,8 +5,14 @@
 //!   preload N events ─► start contender ─► read_committed reader counts N outputs
 //!        throughput = N / (last output visible − first event processed)
 //!        CPU seconds, peak RSS of the contender's processes (/proc)
-//!   offered load at R ev/s for S s ─► latency = visible − sent, per output (hdrhistogram)
+//!   its changelog topics read to their end ─► records and bytes per input event
+//!   offered load at R ev/s for S s ─► latency = visible − sent, per output (hdrhistogram),
+//!        and its two parts: sent → handler, handler → visible
 //!   kill the contender
+//!
+//!  restore (onceflow exactly-once): one partition of N event IDs over K keys processed,
+//!   the instance killed ─► a new one on an empty state directory: start → partition
+//!   restored, start → first output ─► one on the killed one's directory: start → restored
 //! ```
 //!
 //! - Every run gets its own input, output and group names, so nothing one contender left
@@ -30,6 +36,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use crate::flow;
 use crate::process::{Contender, Usage};
 use crate::workload::{Load, Produced, now_us, produce};
 
@@ -147,10 +154,29 @@ pub struct RunResult {
     pub generator_rate: f64,
     /// Latency percentiles in ms: p50, p99, p99.9 (None without a latency phase).
     pub latency_ms: Option<[f64; 3]>,
+    /// The same percentiles of the latency's two parts: send → handler (the event's way
+    /// to the contender's handler, its wait for a batch included) and handler → visible
+    /// (the rest of its batch, the commit and the reader). Their sum is not the total's:
+    /// each is a percentile of its own.
+    pub latency_parts_ms: Option<[[f64; 3]; 2]>,
     /// CPU and RSS at the end of the throughput phase.
     pub usage: Usage,
     /// CPU µs per input event in the throughput phase.
     pub cpu_us_per_event: f64,
+    /// What the contender wrote to its changelog topics (onceflow's `-txlog`, Kafka
+    /// Streams' `-changelog`) by the end of the throughput phase; None for a contender
+    /// without one.
+    pub changelog: Option<Volume>,
+}
+
+/// Records and bytes of a set of topics, as a `read_committed` reader sees them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Volume {
+    /// Records.
+    pub records: u64,
+    /// Key plus value bytes of those records (the record and batch framing, about 70 B
+    /// per batch and up to 20 B per record uncompressed, not counted).
+    pub bytes: u64,
 }
 
 /// Where the driver finds things.
@@ -264,11 +290,15 @@ pub async fn run_once(
         throughput: settings.events as f64 / seconds,
         generator_rate: produced.rate(),
         latency_ms: None,
+        latency_parts_ms: None,
         usage,
         cpu_us_per_event: at_first_output.map_or(0.0, |(from, at)| {
             (usage.cpu_seconds - at.cpu_seconds) * 1e6 / (seen - from).max(1) as f64
         }),
+        changelog: None,
     };
+    bar.set_message(format!("{}: changelog volume", settings.system.id()));
+    result.changelog = changelog_volume(&brokers, &name, env.run_timeout)?;
 
     // Latency at a fixed offered rate.
     if settings.latency_rate > 0 && settings.latency_events > 0 {
@@ -286,19 +316,27 @@ pub async fn run_once(
         };
         let target = load.events;
         let generator = generate(&brokers, load);
-        let mut histogram =
-            Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+        let histogram =
+            || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string());
+        let (mut total, mut to_handler, mut to_visible) =
+            (histogram()?, histogram()?, histogram()?);
         let patience =
             env.run_timeout + Duration::from_secs_f64(target as f64 / settings.latency_rate as f64);
         watch.collect('l', target, patience, |out, _| {
-            histogram.saturating_record((out.visible_us - out.sent_us).max(1) as u64);
+            let micros = |from: i64, to: i64| (to - from).max(1) as u64;
+            total.saturating_record(micros(out.sent_us, out.visible_us));
+            to_handler.saturating_record(micros(out.sent_us, out.processed_us));
+            to_visible.saturating_record(micros(out.processed_us, out.visible_us));
         })?;
         generator
             .done()
             .await
             .map_err(|e| format!("latency load: {e}"))?;
-        result.latency_ms =
-            Some([0.5, 0.99, 0.999].map(|q| histogram.value_at_quantile(q) as f64 / 1000.0));
+        let percentiles = |histogram: &Histogram<u64>| {
+            [0.5, 0.99, 0.999].map(|q| histogram.value_at_quantile(q) as f64 / 1000.0)
+        };
+        result.latency_ms = Some(percentiles(&total));
+        result.latency_parts_ms = Some([percentiles(&to_handler), percentiles(&to_visible)]);
     }
     let Watch { contender, .. } = watch;
     drop(contender);
@@ -410,6 +448,295 @@ async fn delete_topics(brokers: &str, prefix: &str) {
     if !names.is_empty() {
         let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
     }
+}
+
+/// Whether `topic`, of a run named `name`, is a contender's changelog: onceflow's
+/// transaction log replica (`<group>-txlog`) or a Kafka Streams store's
+/// (`<application>-<store>-changelog`).
+fn is_changelog(name: &str, topic: &str) -> bool {
+    topic
+        .strip_prefix(name)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|rest| rest == "txlog" || rest.ends_with("-changelog"))
+}
+
+/// Reads every changelog topic of the run `name` from its start to the high watermark
+/// taken now, counting records and bytes (`None`: the contender has none). The contender
+/// may still run: what it writes after this call is not counted.
+fn changelog_volume(
+    brokers: &str,
+    name: &str,
+    patience: Duration,
+) -> Result<Option<Volume>, String> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", onceflow::testkit::unique_name("bench-volume"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .map_err(|e| format!("changelog reader: {e}"))?;
+    let timeout = Duration::from_secs(10);
+    let metadata = consumer
+        .fetch_metadata(None, timeout)
+        .map_err(|e| format!("changelog reader metadata: {e}"))?;
+    let mut assignment = TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for topic in metadata
+        .topics()
+        .iter()
+        .filter(|t| is_changelog(name, t.name()))
+    {
+        for partition in topic.partitions() {
+            let (_, high) = consumer
+                .fetch_watermarks(topic.name(), partition.id(), timeout)
+                .map_err(|e| format!("watermarks of {}: {e}", topic.name()))?;
+            if high > 0 {
+                assignment
+                    .add_partition_offset(topic.name(), partition.id(), Offset::Beginning)
+                    .map_err(|e| e.to_string())?;
+                ends.push((topic.name().to_owned(), partition.id(), high));
+            }
+        }
+    }
+    if metadata
+        .topics()
+        .iter()
+        .all(|t| !is_changelog(name, t.name()))
+    {
+        return Ok(None);
+    }
+    let mut volume = Volume::default();
+    if ends.is_empty() {
+        return Ok(Some(volume));
+    }
+    consumer.assign(&assignment).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + patience;
+    let mut checked = Instant::now();
+    loop {
+        if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+            let message = message.map_err(|e| format!("changelog reader: {e}"))?;
+            volume.records += 1;
+            volume.bytes += (message.key().map_or(0, <[u8]>::len)
+                + message.payload().map_or(0, <[u8]>::len)) as u64;
+            if checked.elapsed() < Duration::from_millis(200) {
+                continue;
+            }
+        }
+        checked = Instant::now();
+        let position = consumer.position().map_err(|e| e.to_string())?;
+        let done = ends.iter().all(|(topic, partition, high)| {
+            position
+                .find_partition(topic, *partition)
+                .and_then(|element| match element.offset() {
+                    Offset::Offset(at) => Some(at >= *high),
+                    _ => None,
+                })
+                .unwrap_or(false)
+        });
+        if done {
+            return Ok(Some(volume));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the changelog of {name} was not read to its end in {patience:?} ({} records read)",
+                volume.records
+            ));
+        }
+    }
+}
+
+/// The settings of one restore measurement: a one-partition input of `events` distinct
+/// event IDs over `keys` keys, processed exactly once, then the instance killed.
+#[derive(Debug, Clone)]
+pub struct RestoreSettings {
+    /// Distinct event IDs, so dedup entries, in the partition.
+    pub events: u64,
+    /// Distinct state keys.
+    pub keys: u64,
+    /// Event size in bytes.
+    pub size: usize,
+    /// Commit interval.
+    pub commit_interval: Duration,
+    /// Records per batch at most.
+    pub max_batch: usize,
+}
+
+/// What one restore measured.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestoreResult {
+    /// Records in the changelog partition when the instance was killed.
+    pub changelog: Volume,
+    /// A new process with an empty state directory: from its start to its partition
+    /// restored (the changelog replayed into redb) and handed to the processor.
+    pub cold_ready: Duration,
+    /// The same process: the replay alone, as the engine logged it ("changelog
+    /// replayed … elapsed"); None if the line was not found.
+    pub cold_replay: Option<Duration>,
+    /// The same process: from its start to the output of an event sent at its start.
+    pub cold_first_output: Duration,
+    /// A new process on the killed one's state directory (only the unsynced tail and
+    /// what follows the checkpoint is replayed): start to partition restored.
+    pub warm_ready: Duration,
+}
+
+/// Builds a changelog partition holding `settings.events` dedup entries and
+/// `settings.keys` state keys, kills the instance, and times two restarts: on an empty
+/// state directory (a lost disk, a new machine: the whole changelog replayed) and on the
+/// killed instance's own (a crash: the tail replayed).
+pub async fn restore_once(
+    env: &Environment,
+    settings: &RestoreSettings,
+    bar: &ProgressBar,
+) -> Result<RestoreResult, String> {
+    let kafka = env.kafka;
+    let name = onceflow::testkit::unique_name("bench-restore");
+    let input = format!("{name}-in");
+    let output = format!("{name}-out");
+    for topic in [&input, &output] {
+        kafka
+            .create_topic(topic, 1)
+            .await
+            .map_err(|e| format!("create topic {topic}: {e}"))?;
+    }
+    let brokers = kafka.bootstrap_servers().to_owned();
+    let run = RunSettings {
+        system: System::ExactlyOnce,
+        events: settings.events,
+        size: settings.size,
+        keys: settings.keys,
+        duplicates: 0.0,
+        partitions: 1,
+        commit_interval: settings.commit_interval,
+        max_batch: settings.max_batch,
+        instances: 1,
+        latency_rate: 0,
+        latency_events: 0,
+        dedup_preload: 0,
+    };
+    let load = Load {
+        topic: input.clone(),
+        events: settings.events,
+        size: settings.size,
+        keys: settings.keys,
+        duplicates: 0.0,
+        rate: 0,
+        id_prefix: "w".into(),
+    };
+    bar.set_message(format!("restore: preloading {} events", settings.events));
+    generate(&brokers, load.clone())
+        .done()
+        .await
+        .map_err(|e| format!("preload: {e}"))?;
+    let reader = Reader::start(&brokers, &output, 1, Offset::End)?;
+    let first = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let log = |phase: &str| env.log_dir.join(format!("{name}-{phase}.log"));
+    let build_log = log("build");
+    let mut watch = Watch {
+        reader: &reader,
+        contender: Contender::start(
+            vec![command(env, &run, &brokers, &name, 0, first.path())],
+            &build_log,
+        )
+        .map_err(|e| e.to_string())?,
+        bar,
+        log: &build_log,
+        what: "restore",
+    };
+    bar.set_message("restore: building the changelog");
+    watch.collect('w', settings.events, env.run_timeout, |_, _| {})?;
+    // Killed, not stopped: what a crash leaves.
+    drop(watch);
+    bar.set_message("restore: counting the changelog");
+    let changelog =
+        changelog_volume(&brokers, &name, env.run_timeout)?.ok_or("no changelog was written")?;
+
+    let restart = |state: &Path,
+                   phase: &str,
+                   probe: bool|
+     -> Result<(Duration, Duration, Option<Duration>), String> {
+        let log = log(phase);
+        let started = Instant::now();
+        let started_us = now_us();
+        let contender = Contender::start(vec![command(env, &run, &brokers, &name, 0, state)], &log)
+            .map_err(|e| e.to_string())?;
+        let mut watch = Watch {
+            reader: &reader,
+            contender,
+            bar,
+            log: &log,
+            what: "restore",
+        };
+        bar.set_message(format!("restore: {phase} restart"));
+        let mut first_output = Duration::ZERO;
+        if probe {
+            // One event sent at the start: it is processed once the partition is back.
+            produce(
+                &brokers,
+                &Load {
+                    events: 1,
+                    id_prefix: format!("p{phase}"),
+                    ..load.clone()
+                },
+            )
+            .map_err(|e| format!("probe: {e}"))?;
+            watch.collect('p', 1, env.run_timeout, |_, _| {})?;
+            first_output = started.elapsed();
+        }
+        let deadline = started + env.run_timeout;
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(at_us) = text.lines().find_map(|line| {
+                line.split_once(flow::RESTORED)
+                    .and_then(|(_, rest)| rest.split_whitespace().next()?.parse::<i64>().ok())
+            }) {
+                let ready = Duration::from_micros((at_us - started_us).max(0) as u64);
+                let replay = text
+                    .lines()
+                    .filter(|line| line.contains("changelog replayed"))
+                    .find_map(|line| {
+                        line.split_whitespace()
+                            .find_map(|field| field.strip_prefix("elapsed="))
+                            .and_then(debug_duration)
+                    });
+                return Ok((ready, first_output, replay));
+            }
+            if !watch.contender.alive() || Instant::now() > deadline {
+                return Err(format!(
+                    "the {phase} restart never said its partition was restored; log {}",
+                    log.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let fresh = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let (cold_ready, cold_first_output, cold_replay) = restart(fresh.path(), "cold", true)?;
+    let (warm_ready, _, _) = restart(first.path(), "warm", false)?;
+    reader.stop();
+    delete_topics(&brokers, &name).await;
+    Ok(RestoreResult {
+        changelog,
+        cold_ready,
+        cold_replay,
+        cold_first_output,
+        warm_ready,
+    })
+}
+
+/// A duration as `Debug` writes it (`1.5s`, `812.25ms`, `40µs`, `7ns`).
+pub fn debug_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "s" => number,
+        "ms" => number / 1e3,
+        "µs" | "us" => number / 1e6,
+        "ns" => number / 1e9,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(seconds))
 }
 
 /// The command line of one instance of a contender.
@@ -584,5 +911,50 @@ impl Progress {
                 .expect("a valid template"),
         );
         Progress { overall, run }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{debug_duration, is_changelog};
+
+    #[test]
+    fn durations_read_as_debug_writes_them() {
+        for duration in [
+            Duration::from_secs(3),
+            Duration::from_millis(1_234),
+            Duration::from_micros(812_250),
+            Duration::from_micros(40),
+            Duration::from_nanos(7),
+        ] {
+            let text = format!("{duration:?}");
+            let read = debug_duration(&text).unwrap_or_else(|| panic!("`{text}` not read"));
+            let error = read.abs_diff(duration);
+            assert!(error < Duration::from_nanos(2), "{text}: {read:?}");
+        }
+        assert_eq!(debug_duration("soon"), None);
+        assert_eq!(debug_duration("12parsecs"), None);
+    }
+
+    #[test]
+    fn only_the_runs_changelogs_are_counted() {
+        let run = "bench-onceflow-eo-1a2b";
+        assert!(is_changelog(run, "bench-onceflow-eo-1a2b-txlog"));
+        assert!(is_changelog(
+            run,
+            "bench-onceflow-eo-1a2b-KSTREAM-AGGREGATE-STATE-STORE-0000000001-changelog"
+        ));
+        for other in [
+            "bench-onceflow-eo-1a2b-in",
+            "bench-onceflow-eo-1a2b-out",
+            "bench-onceflow-eo-1a2b-dlq",
+            "bench-onceflow-eo-1a2b-x-repartition",
+            "bench-onceflow-eo-1a2bc-txlog",
+            "other-txlog",
+        ] {
+            assert!(!is_changelog(run, other), "{other}");
+        }
     }
 }

@@ -21,14 +21,26 @@ pub struct Keyed {
 }
 
 /// The benchmark processor.
-#[derive(Processor, Debug)]
-#[processor(name = "bench", input_type = Keyed)]
+#[derive(Debug)]
 pub struct Sum {
     output: String,
 }
 
-impl Sum {
-    async fn handle(&mut self, event: Keyed, ctx: &mut Context<'_>) -> Result<()> {
+/// The line the contender prints when its partitions are restored and it is about to
+/// process them; the restore measurement (`driver::restore_once`) reads it from the log.
+pub const RESTORED: &str = "onceflow-bench: partitions restored at_us=";
+
+// Written out instead of derived for `partitions_assigned`, which the derive does not
+// offer.
+#[onceflow::async_trait]
+impl Processor for Sum {
+    type Input = Keyed;
+
+    fn name(&self) -> &str {
+        "bench"
+    }
+
+    async fn process(&mut self, event: Keyed, ctx: &mut Context<'_>) -> Result<()> {
         let sum = ctx.state().get::<i64>(&event.key)?.unwrap_or(0) + event.amount;
         ctx.state().put(&event.key, &sum)?;
         let output = Output {
@@ -40,6 +52,13 @@ impl Sum {
         };
         let key = output.key.clone();
         ctx.emit(&self.output, &key, &output)
+    }
+
+    fn partitions_assigned(&mut self, partitions: &[i32]) {
+        eprintln!(
+            "{RESTORED}{} partitions={partitions:?}",
+            crate::workload::now_us()
+        );
     }
 }
 

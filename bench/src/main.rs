@@ -170,6 +170,16 @@ struct ReportArgs {
     /// Skip every sweep.
     #[arg(long)]
     no_sweeps: bool,
+    /// Dedup entries (distinct event IDs) in the one partition of the restore
+    /// measurement (onceflow exactly-once; 0: no restore measurement).
+    #[arg(long, default_value_t = 1_000_000)]
+    restore_ids: u64,
+    /// State keys of that partition.
+    #[arg(long, default_value_t = 100_000)]
+    restore_keys: u64,
+    /// Repeats of the restore measurement.
+    #[arg(long, default_value_t = 1)]
+    restore_repeats: usize,
     /// Where the report goes.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
@@ -205,7 +215,18 @@ fn main() -> ExitCode {
         Commands::RawTxn(args) => {
             raw::run_transactional(&raw_args(&args)).map_err(|e| e.to_string())
         }
-        Commands::Onceflow(args) => runtime.block_on(onceflow(args)),
+        Commands::Onceflow(args) => {
+            // Warnings, and the changelog replay's lines (the restore measurement reads
+            // "changelog replayed … elapsed=…"); nothing per batch.
+            let filter = std::env::var("RUST_LOG")
+                .unwrap_or_else(|_| "warn,onceflow::engine::changelog=info".into());
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_ansi(false)
+                .with_writer(std::io::stderr)
+                .init();
+            runtime.block_on(onceflow(args))
+        }
         Commands::Effects(args) => runtime.block_on(effects(args)),
     };
     match outcome {
@@ -357,8 +378,9 @@ fn plan(args: &ReportArgs) -> Vec<Planned> {
     };
     let sweeps = [
         (
+            // With the latency phase: latency is what the commit interval trades.
             "commit interval",
-            points(&args.sweep_commit_intervals, &sweep_base, |s, ms| {
+            points(&args.sweep_commit_intervals, &base, |s, ms| {
                 s.commit_interval = Duration::from_millis(ms);
                 interval_label(ms)
             }),
@@ -446,7 +468,12 @@ async fn report(args: ReportArgs) -> Result<(), String> {
         onceflow_kafka: args.onceflow_kafka.clone(),
     };
     let planned = plan(&args);
-    let progress = Progress::new(planned.len() as u64, args.quiet);
+    let restore_runs = if args.restore_ids > 0 && args.contenders.contains(&System::ExactlyOnce) {
+        args.restore_repeats
+    } else {
+        0
+    };
+    let progress = Progress::new((planned.len() + restore_runs) as u64, args.quiet);
     let mut measured = Vec::new();
     for run in planned {
         progress.overall.set_message(format!(
@@ -463,6 +490,21 @@ async fn report(args: ReportArgs) -> Result<(), String> {
             result,
         });
         progress.overall.inc(1);
+    }
+    let mut restores = Vec::new();
+    if args.restore_ids > 0 && args.contenders.contains(&System::ExactlyOnce) {
+        let settings = driver::RestoreSettings {
+            events: args.restore_ids,
+            keys: args.restore_keys,
+            size: args.workload.size,
+            commit_interval: Duration::from_millis(args.commit_interval_ms),
+            max_batch: args.max_batch,
+        };
+        for _ in 0..args.restore_repeats {
+            progress.overall.set_message("restore onceflow-eo");
+            restores.push(driver::restore_once(&env, &settings, &progress.run).await?);
+            progress.overall.inc(1);
+        }
     }
     progress.run.finish_and_clear();
     progress.overall.finish();
@@ -493,8 +535,12 @@ async fn report(args: ReportArgs) -> Result<(), String> {
         ),
         charts,
         onceflow_kafka: args.onceflow_kafka.clone(),
+        restore: (restore_runs > 0).then_some(report::RestoreConditions {
+            ids: args.restore_ids,
+            keys: args.restore_keys,
+        }),
     };
-    let text = report::markdown(&date, &conditions, &measured);
+    let text = report::markdown(&date, &conditions, &measured, &restores);
     let path = args.out.join(format!("{date}.md"));
     report::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
     println!("{text}");

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::driver::{RunResult, RunSettings, System};
+use crate::driver::{RestoreResult, RunResult, RunSettings, System};
 
 /// One measured run, with where it belongs in the report.
 #[derive(Debug, Clone)]
@@ -45,6 +45,15 @@ fn cell(values: &[f64], decimals: usize) -> String {
     }
     let [min, median, max] = spread(values);
     format!("{median:.decimals$} ({min:.decimals$}–{max:.decimals$})")
+}
+
+/// The median alone, to one decimal (`–` without values): for cells that hold several.
+fn median_cell(values: &[f64]) -> String {
+    if values.is_empty() {
+        "–".into()
+    } else {
+        format!("{:.1}", spread(values)[1])
+    }
 }
 
 fn ratio(numerator: Option<f64>, denominator: Option<f64>) -> String {
@@ -103,10 +112,42 @@ pub struct Conditions {
     pub charts: Vec<(String, String)>,
     /// librdkafka properties given to the onceflow contenders.
     pub onceflow_kafka: Vec<String>,
+    /// The restore measurement's partition, when it ran.
+    pub restore: Option<RestoreConditions>,
+}
+
+/// What the restore measurement's partition held.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoreConditions {
+    /// Distinct event IDs (dedup entries).
+    pub ids: u64,
+    /// State keys.
+    pub keys: u64,
+}
+
+/// Median of one figure of one system at one point of a sweep.
+fn sweep_median(
+    runs: &[Measured],
+    section: &str,
+    point: &str,
+    system: System,
+    pick: impl Fn(&RunResult) -> Option<f64>,
+) -> Option<f64> {
+    let values: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.section == section && r.point == point && r.settings.system == system)
+        .filter_map(|r| pick(&r.result))
+        .collect();
+    (!values.is_empty()).then(|| spread(&values)[1])
 }
 
 /// The Markdown report.
-pub fn markdown(date: &str, conditions: &Conditions, runs: &[Measured]) -> String {
+pub fn markdown(
+    date: &str,
+    conditions: &Conditions,
+    runs: &[Measured],
+    restores: &[RestoreResult],
+) -> String {
     let base = &conditions.base;
     let mut md = String::new();
     let _ = writeln!(md, "# onceflow benchmark, {date}\n");
@@ -194,9 +235,19 @@ pub fn markdown(date: &str, conditions: &Conditions, runs: &[Measured]) -> Strin
     let _ = writeln!(md, "## Latency at {} events/s\n", base.latency_rate);
     let _ = writeln!(
         md,
-        "| contender | p50 ms | p99 ms | p99.9 ms | p99 vs a | p99 vs d |"
+        "Send → visible, and its two parts: send → handler (to the contender's handler, \
+         the wait for a batch to start included) and handler → visible (the rest of the \
+         batch, its commit, the reader). Each part is a percentile of its own, so the \
+         parts do not add up to the total.\n"
     );
-    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: |");
+    let _ = writeln!(
+        md,
+        "| contender | p50 ms | p99 ms | p99.9 ms | p99 vs a | p99 vs d | send → handler p50 / p99 ms | handler → visible p50 / p99 ms |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     let p99 = |r: &RunResult| r.latency_ms.map(|l| l[1]);
     let a99 = median_of(&groups, System::Raw, p99);
     let d99 = median_of(&groups, System::Streams, p99);
@@ -207,73 +258,70 @@ pub fn markdown(date: &str, conditions: &Conditions, runs: &[Measured]) -> Strin
         let cells: Vec<String> = (0..3)
             .map(|i| cell(&values(runs, |r| r.latency_ms.map(|l| l[i])), 1))
             .collect();
+        let part = |which: usize| {
+            let at =
+                |i: usize| median_cell(&values(runs, |r| r.latency_parts_ms.map(|p| p[which][i])));
+            format!("{} / {}", at(0), at(1))
+        };
         let median = median_of(&groups, system, p99);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             system.label(),
             cells[0],
             cells[1],
             cells[2],
             ratio(median, a99),
-            ratio(median, d99)
+            ratio(median, d99),
+            part(0),
+            part(1),
         );
     }
     let _ = writeln!(md);
 
-    let _ = writeln!(md, "## Targets (issue 6)\n");
-    let _ = writeln!(md, "| target | measured | met |");
-    let _ = writeln!(md, "| --- | --- | --- |");
-    let eo = median_of(&groups, System::ExactlyOnce, throughput);
-    let alo = median_of(&groups, System::AtLeastOnce, throughput);
-    let eo99 = median_of(&groups, System::ExactlyOnce, p99);
-    let eo_rss = median_of(&groups, System::ExactlyOnce, |r| Some(r.usage.peak_rss_mib));
-    let mut target = |name: &str, measured: String, met: Option<bool>| {
-        let met = match met {
-            Some(true) => "yes",
-            Some(false) => "no",
-            None => "not measured",
-        };
-        let _ = writeln!(md, "| {name} | {measured} | {met} |");
-    };
-    let share = |n: Option<f64>, d: Option<f64>| n.zip(d).map(|(n, d)| n / d.max(1e-9));
-    let eo_alo = share(eo, alo);
-    target(
-        &format!(
-            "exactly-once ≥ 90% of at-least-once throughput ({} ms commit interval)",
-            base.commit_interval.as_millis()
-        ),
-        eo_alo.map_or("–".into(), |r| format!("{:.0}%", r * 100.0)),
-        eo_alo.map(|r| r >= 0.9),
-    );
-    let eo_d = share(eo, d);
-    target(
-        "exactly-once ≥ 2× Kafka Streams exactly_once_v2 throughput",
-        eo_d.map_or("–".into(), |r| format!("{r:.2}×")),
-        eo_d.map(|r| r >= 2.0),
-    );
-    target(
-        "exactly-once p99 latency lower than Kafka Streams'",
-        eo99.zip(d99)
-            .map_or("–".into(), |(e, d)| format!("{e:.1} ms vs {d:.1} ms")),
-        eo99.zip(d99).map(|(e, d)| e < d),
-    );
-    let eo_a = share(eo, a);
-    target(
-        "exactly-once ≥ 70% of contender a",
-        eo_a.map_or("–".into(), |r| format!("{:.0}%", r * 100.0)),
-        eo_a.map(|r| r >= 0.7),
-    );
-    target(
-        "exactly-once peak RSS under 64 MiB at full load",
-        eo_rss.map_or("–".into(), |r| format!("{r:.1} MiB")),
-        eo_rss.map(|r| r < 64.0),
-    );
+    let _ = writeln!(md, "## Changelog written per input event\n");
     let _ = writeln!(
         md,
-        "\nThe per-event framework overhead target (micro, < 2 µs with 1 M IDs in the dedup \
-         log) is measured by `cargo bench -p onceflow-bench`, not by this run.\n"
+        "What each contender with a changelog (onceflow's `-txlog`, Kafka Streams' store \
+         `-changelog`) had written by the end of the throughput phase, read back with \
+         `read_committed`, per input event of that phase. Bytes are keys plus values, before \
+         compression and without the record framing.\n"
     );
+    let _ = writeln!(md, "| contender | records/event | bytes/event |");
+    let _ = writeln!(md, "| --- | ---: | ---: |");
+    for system in System::ALL {
+        let Some(runs) = groups.get(&(String::new(), system)) else {
+            continue;
+        };
+        let per_event = |pick: fn(&crate::driver::Volume) -> u64| -> Vec<f64> {
+            runs.iter()
+                .filter_map(|run| {
+                    let events = (run.settings.events + run.settings.dedup_preload).max(1);
+                    run.result
+                        .changelog
+                        .map(|v| pick(&v) as f64 / events as f64)
+                })
+                .collect()
+        };
+        let records = per_event(|v| v.records);
+        if records.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} |",
+            system.label(),
+            cell(&records, 2),
+            cell(&per_event(|v| v.bytes), 0),
+        );
+    }
+    let _ = writeln!(md);
+
+    if !restores.is_empty() {
+        restore_table(&mut md, conditions, restores);
+    }
+
+    targets(&mut md, conditions, runs, restores);
 
     let sections: Vec<String> = {
         let mut names: Vec<String> = runs
@@ -287,19 +335,43 @@ pub fn markdown(date: &str, conditions: &Conditions, runs: &[Measured]) -> Strin
     for section in sections {
         let groups = group(runs, &section);
         let _ = writeln!(md, "## Sweep: {section}\n");
-        let _ = writeln!(md, "Throughput only (events/s), no latency phase.\n");
+        let with_latency = groups
+            .values()
+            .flatten()
+            .any(|r| r.result.latency_ms.is_some());
+        if with_latency {
+            let _ = writeln!(
+                md,
+                "Throughput at full load, and latency at {} events/s (p50 / p99 / p99.9 ms, \
+                 medians of the repeats).\n",
+                base.latency_rate
+            );
+        } else {
+            let _ = writeln!(md, "Throughput only (events/s), no latency phase.\n");
+        }
+        let latency_header = if with_latency { " latency ms |" } else { "" };
+        let latency_rule = if with_latency { " ---: |" } else { "" };
         let _ = writeln!(
             md,
-            "| {section} | contender | events | events/s | CPU µs/event | peak RSS MiB |"
+            "| {section} | contender | events | events/s | CPU µs/event | peak RSS MiB |{latency_header}"
         );
-        let _ = writeln!(md, "| --- | --- | ---: | ---: | ---: | ---: |");
+        let _ = writeln!(
+            md,
+            "| --- | --- | ---: | ---: | ---: | ---: |{latency_rule}"
+        );
         let mut keys: Vec<&(String, System)> = groups.keys().collect();
         keys.sort_by_key(|(point, system)| (point_order(point), point.clone(), *system));
         for key in keys {
             let runs = &groups[key];
+            let latency = if with_latency {
+                let at = |i: usize| median_cell(&values(runs, |r| r.latency_ms.map(|l| l[i])));
+                format!(" {} / {} / {} |", at(0), at(1), at(2))
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} |{latency}",
                 key.0,
                 key.1.label(),
                 runs[0].settings.events,
@@ -318,6 +390,174 @@ pub fn markdown(date: &str, conditions: &Conditions, runs: &[Measured]) -> Strin
         }
     }
     md
+}
+
+/// The restore table: one row per repeat, then the median.
+fn restore_table(md: &mut String, conditions: &Conditions, restores: &[RestoreResult]) {
+    let (ids, keys) = conditions.restore.map_or((0, 0), |r| (r.ids, r.keys));
+    let _ = writeln!(md, "## Restore (onceflow exactly-once)\n");
+    let _ = writeln!(
+        md,
+        "One input partition of {ids} distinct event IDs over {keys} keys, processed exactly \
+         once; the instance killed (SIGKILL); then started again, once on an empty state \
+         directory (a lost disk or a new machine: the whole changelog partition is replayed \
+         into redb) and once on the killed instance's own (a crash: only what follows its \
+         last synced checkpoint is replayed). Ready: from the process's start to its \
+         partition handed to the processor, so start-up and the group join are included. \
+         Replay: the replay alone, as the engine logged it. Entries/s: the changelog's \
+         records over the replay. First output: start to the output of an event sent at \
+         the start.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| changelog records | changelog MiB | cold: ready s | cold: replay s | cold: entries/s | cold: first output s | warm: ready s |"
+    );
+    let _ = writeln!(md, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let column =
+        |pick: fn(&RestoreResult) -> f64| -> Vec<f64> { restores.iter().map(pick).collect() };
+    let _ = writeln!(
+        md,
+        "| {} | {} | {} | {} | {} | {} | {} |\n",
+        cell(&column(|r| r.changelog.records as f64), 0),
+        cell(&column(|r| r.changelog.bytes as f64 / 1048576.0), 1),
+        cell(&column(|r| r.cold_ready.as_secs_f64()), 2),
+        cell(
+            &column(|r| r.cold_replay.unwrap_or(r.cold_ready).as_secs_f64()),
+            2
+        ),
+        cell(&column(restore_rate), 0),
+        cell(&column(|r| r.cold_first_output.as_secs_f64()), 2),
+        cell(&column(|r| r.warm_ready.as_secs_f64()), 2),
+    );
+}
+
+/// Changelog records restored per second of the cold start's replay (of the whole
+/// start when the replay's own time was not logged).
+fn restore_rate(result: &RestoreResult) -> f64 {
+    let seconds = result
+        .cold_replay
+        .unwrap_or(result.cold_ready)
+        .as_secs_f64();
+    result.changelog.records as f64 / seconds.max(1e-9)
+}
+
+/// The targets of the performance issue, each met or not by this run's medians.
+fn targets(
+    md: &mut String,
+    conditions: &Conditions,
+    runs: &[Measured],
+    restores: &[RestoreResult],
+) {
+    let base = &conditions.base;
+    let groups = group(runs, "main");
+    let throughput = |r: &RunResult| Some(r.throughput);
+    let p99 = |r: &RunResult| r.latency_ms.map(|l| l[1]);
+    let cpu = |r: &RunResult| Some(r.cpu_us_per_event);
+    let of =
+        |system: System, pick: &dyn Fn(&RunResult) -> Option<f64>| median_of(&groups, system, pick);
+    let a = of(System::Raw, &throughput);
+    let b = of(System::RawTransactional, &throughput);
+    let d = of(System::Streams, &throughput);
+    let eo = of(System::ExactlyOnce, &throughput);
+    let alo = of(System::AtLeastOnce, &throughput);
+    let eo99 = of(System::ExactlyOnce, &p99);
+    let d99 = of(System::Streams, &p99);
+    let interval_ms = base.commit_interval.as_secs_f64() * 1000.0;
+
+    let _ = writeln!(md, "## Targets (issue 15)\n");
+    let _ = writeln!(
+        md,
+        "From this run's medians; \"not measured\" where a contender or sweep it needs did \
+         not run.\n"
+    );
+    let _ = writeln!(md, "| target | measured | met |");
+    let _ = writeln!(md, "| --- | --- | --- |");
+    let mut target = |name: String, measured: Option<(String, bool)>| {
+        let (measured, met) = match measured {
+            Some((text, true)) => (text, "yes"),
+            Some((text, false)) => (text, "no"),
+            None => ("–".to_owned(), "not measured"),
+        };
+        let _ = writeln!(md, "| {name} | {measured} | {met} |");
+    };
+    let times = |n: Option<f64>, d: Option<f64>, at_least: f64| {
+        n.zip(d).filter(|(_, d)| *d > 0.0).map(|(n, d)| {
+            let r = n / d;
+            (format!("{r:.2}×"), r >= at_least)
+        })
+    };
+    target(
+        "exactly-once throughput ≥ 2.5× Kafka Streams exactly_once_v2 (d)".into(),
+        times(eo, d, 2.5),
+    );
+    target(
+        "exactly-once throughput ≥ 1.2× the rdkafka transactional loop (b)".into(),
+        times(eo, b, 1.2),
+    );
+    target(
+        "exactly-once ≥ 90% of onceflow at-least-once".into(),
+        times(eo, alo, 0.9),
+    );
+    target(
+        "onceflow at-least-once ≥ 70% of contender a".into(),
+        times(alo, a, 0.7),
+    );
+    target(
+        format!(
+            "exactly-once p99 at {} events/s ≤ commit interval + 25 ms ({:.0} ms)",
+            base.latency_rate,
+            interval_ms + 25.0
+        ),
+        eo99.map(|p| (format!("{p:.1} ms"), p <= interval_ms + 25.0)),
+    );
+    target(
+        "exactly-once p99 below Kafka Streams' p99".into(),
+        eo99.zip(d99)
+            .map(|(e, d)| (format!("{e:.1} ms vs {d:.1} ms"), e < d)),
+    );
+    let eo_cpu = of(System::ExactlyOnce, &cpu);
+    let b_cpu = of(System::RawTransactional, &cpu);
+    target(
+        "exactly-once CPU per event ≤ 1.5× contender b's".into(),
+        eo_cpu
+            .zip(b_cpu)
+            .filter(|(_, b)| *b > 0.0)
+            .map(|(e, b)| (format!("{e:.1} vs {b:.1} µs ({:.2}×)", e / b), e / b <= 1.5)),
+    );
+    let eo_rss = of(System::ExactlyOnce, &|r: &RunResult| {
+        Some(r.usage.peak_rss_mib)
+    });
+    target(
+        format!(
+            "exactly-once peak RSS ≤ 64 MiB on the {} event load",
+            base.events
+        ),
+        eo_rss.map(|r| (format!("{r:.1} MiB"), r <= 64.0)),
+    );
+    let at = |section: &str, point: &str| {
+        sweep_median(runs, section, point, System::ExactlyOnce, throughput)
+    };
+    target(
+        "exactly-once at 64 partitions within 20% of 8 partitions".into(),
+        times(at("partitions", "64"), at("partitions", "8"), 0.8),
+    );
+    target(
+        "3 exactly-once instances ≥ 2.5× one instance".into(),
+        times(at("instances", "3"), at("instances", "1"), 2.5),
+    );
+    let rates: Vec<f64> = restores.iter().map(restore_rate).collect();
+    target(
+        "changelog restore ≥ 500,000 entries/s (cold start, the replay)".into(),
+        (!rates.is_empty()).then(|| {
+            let median = spread(&rates)[1];
+            (format!("{median:.0} entries/s"), median >= 500_000.0)
+        }),
+    );
+    target(
+        "onceflow leads the Rust peers (ruststream, crabka) on throughput, p99, CPU".into(),
+        None,
+    );
+    let _ = writeln!(md);
 }
 
 /// Sweep points sort by their number, then by their text.
