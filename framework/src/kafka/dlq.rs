@@ -192,6 +192,13 @@ pub(crate) fn replay_dead_letters(
         producer
             .send_offsets_to_transaction(&offsets, &metadata, plan.timeout)
             .map_err(|e| kafka_error("send_offsets_to_transaction", e))?;
+        // rust-rdkafka's commit_transaction flushes first, in 100 ms steps that each last
+        // their whole 100 ms (see `OutputProducer::settle`): serve the delivery reports
+        // until none is left, so that flush finds nothing.
+        let settling = Instant::now();
+        while producer.in_flight_count() > 0 && settling.elapsed() < plan.timeout {
+            producer.poll(Duration::from_millis(1));
+        }
         producer
             .commit_transaction(plan.timeout)
             .map_err(|e| kafka_error("commit_transaction", e))?;
