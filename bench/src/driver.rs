@@ -450,6 +450,19 @@ async fn delete_topics(brokers: &str, prefix: &str) {
     }
 }
 
+/// A `read_committed` consumer that commits nothing and does not let the broker hold an
+/// empty fetch, in a group of its own named after `what`.
+fn committed_reader(brokers: &str, what: &str) -> Result<BaseConsumer, String> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", onceflow::testkit::unique_name(what))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .map_err(|e| format!("{what}: {e}"))
+}
+
 /// Whether `topic`, of a run named `name`, is a contender's changelog: onceflow's
 /// transaction log replica (`<group>-txlog`) or a Kafka Streams store's
 /// (`<application>-<store>-changelog`).
@@ -468,25 +481,22 @@ fn changelog_volume(
     name: &str,
     patience: Duration,
 ) -> Result<Option<Volume>, String> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", onceflow::testkit::unique_name("bench-volume"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "10")
-        .create()
-        .map_err(|e| format!("changelog reader: {e}"))?;
+    let consumer = committed_reader(brokers, "bench-volume")?;
     let timeout = Duration::from_secs(10);
     let metadata = consumer
         .fetch_metadata(None, timeout)
         .map_err(|e| format!("changelog reader metadata: {e}"))?;
-    let mut assignment = TopicPartitionList::new();
-    let mut ends = Vec::new();
-    for topic in metadata
+    let changelogs: Vec<_> = metadata
         .topics()
         .iter()
         .filter(|t| is_changelog(name, t.name()))
-    {
+        .collect();
+    if changelogs.is_empty() {
+        return Ok(None);
+    }
+    let mut assignment = TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for topic in changelogs {
         for partition in topic.partitions() {
             let (_, high) = consumer
                 .fetch_watermarks(topic.name(), partition.id(), timeout)
@@ -498,13 +508,6 @@ fn changelog_volume(
                 ends.push((topic.name().to_owned(), partition.id(), high));
             }
         }
-    }
-    if metadata
-        .topics()
-        .iter()
-        .all(|t| !is_changelog(name, t.name()))
-    {
-        return Ok(None);
     }
     let mut volume = Volume::default();
     if ends.is_empty() {
@@ -830,14 +833,7 @@ struct Reader {
 
 impl Reader {
     fn start(brokers: &str, topic: &str, partitions: i32, from: Offset) -> Result<Reader, String> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .set("group.id", onceflow::testkit::unique_name("bench-reader"))
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("fetch.wait.max.ms", "10")
-            .create()
-            .map_err(|e| format!("reader: {e}"))?;
+        let consumer = committed_reader(brokers, "bench-reader")?;
         let mut assignment = TopicPartitionList::new();
         for partition in 0..partitions {
             assignment
