@@ -98,6 +98,7 @@ async fn billing_invoices_every_order_once_through_a_kill_and_a_restart() {
     for histogram in [
         "onceflow_commit_seconds_count",
         "onceflow_batch_records_count",
+        "onceflow_batch_stage_seconds_count",
     ] {
         assert!(
             total(&metrics, histogram) > 0.0,

@@ -292,6 +292,8 @@ pub(super) struct Part<'a, P> {
     pub(super) timers_fired: u64,
     /// Dedup entries processed before this are outside the window: not duplicates.
     pub(super) window_start_ms: i64,
+    /// When the part started, for the stage timings (`onceflow_batch_stage_seconds`).
+    pub(super) opened: std::time::Instant,
 }
 
 impl<'a, P> Part<'a, P> {
@@ -312,6 +314,7 @@ impl<'a, P> Part<'a, P> {
             now_ms,
             timers_fired: 0,
             window_start_ms: now_ms.saturating_sub(window_ms),
+            opened: std::time::Instant::now(),
         })
     }
 }

@@ -17,8 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-#[cfg(feature = "failpoints")]
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[cfg(feature = "failpoints")]
 use crate::Error;
@@ -57,6 +56,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     ) -> Result<()> {
         // Nothing reads through the snapshot any more; let redb reuse what it pins.
         drop(part.snapshot);
+        let mut stages = Stages::start(part.opened);
         let config = self.config;
         let next_offsets = next_offsets(records);
         let outputs = part.outputs.len() as u64;
@@ -111,7 +111,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                 detail: "injected failure".into(),
             });
         }
-        let committing = std::time::Instant::now();
+        let committing = Instant::now();
         // Where the changelog records landed, once acknowledged (with the transaction's
         // commit at the latest).
         let mut landed: BTreeMap<i32, Landed> = BTreeMap::new();
@@ -129,22 +129,30 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         };
         match config.delivery {
             DeliveryMode::ExactlyOnce => {
+                let offsets = Instant::now();
                 if !next_offsets.is_empty() {
                     self.producer
                         .send_offsets(self.consumer, &config.input_topic, next_offsets.clone())
                         .await?;
                 }
+                stages.record("offsets", offsets);
                 crash_point!(await "onceflow-before-commit");
+                let commit = Instant::now();
                 self.producer.commit().await?;
+                stages.record("commit", commit);
                 await_changelog(pending_changelog).await?;
             }
             DeliveryMode::AtLeastOnce => {
+                let commit = Instant::now();
                 self.producer.flush().await?;
                 await_changelog(pending_changelog).await?;
+                stages.record("commit", commit);
                 crash_point!(await "onceflow-before-commit");
+                let offsets = Instant::now();
                 if !next_offsets.is_empty() {
                     self.consumer.commit(next_offsets.clone()).await?;
                 }
+                stages.record("offsets", offsets);
             }
             DeliveryMode::AtMostOnce => {
                 self.producer.flush().await?;
@@ -169,10 +177,12 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         let txlog = Arc::clone(self.txlog);
         let transactional = config.delivery == DeliveryMode::ExactlyOnce;
         let sync_interval = config.txlog_sync_interval;
+        let apply = Instant::now();
         kafka::blocking("apply the batch to the transaction log", move || {
             txlog.apply_committed(&applied, transactional, sync_interval)
         })
         .await?;
+        stages.record("apply", apply);
 
         Stats::add(&self.stats.records_in, records.len() as u64);
         Stats::add(&self.stats.outputs, outputs);
@@ -188,6 +198,11 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             records = records.len(),
             outputs,
             duplicates = part.duplicates,
+            handle_ms = stages.handle.as_secs_f64() * 1e3,
+            offsets_ms = stages.timed[0],
+            commit_ms = stages.timed[1],
+            apply_ms = stages.timed[2],
+            total_commit_ms = stages.commit_started.elapsed().as_secs_f64() * 1e3,
             "batch committed"
         );
         Ok(())
@@ -210,6 +225,41 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             }
         }
         Ok(())
+    }
+}
+
+/// The stages of a batch, timed into `onceflow_batch_stage_seconds{stage}`: `handle` (its
+/// records, from the part's start to its commit), `offsets` (sent to the transaction, or
+/// committed by the consumer), `commit` (the transaction's commit, or the outputs and
+/// changelog landing) and `apply` (to the transaction log).
+struct Stages {
+    handle: Duration,
+    commit_started: Instant,
+    /// `offsets`, `commit` and `apply`, in milliseconds, for the batch's debug event.
+    timed: [f64; 3],
+}
+
+impl Stages {
+    fn start(opened: Instant) -> Self {
+        let handle = opened.elapsed();
+        metrics::histogram!("onceflow_batch_stage_seconds", "stage" => "handle")
+            .record(handle.as_secs_f64());
+        Stages {
+            handle,
+            commit_started: Instant::now(),
+            timed: [0.0; 3],
+        }
+    }
+
+    fn record(&mut self, stage: &'static str, since: Instant) {
+        let took = since.elapsed().as_secs_f64();
+        metrics::histogram!("onceflow_batch_stage_seconds", "stage" => stage).record(took);
+        let slot = match stage {
+            "offsets" => 0,
+            "commit" => 1,
+            _ => 2,
+        };
+        self.timed[slot] = took * 1e3;
     }
 }
 

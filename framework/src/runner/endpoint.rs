@@ -42,6 +42,12 @@ pub(super) async fn serve(
         )
         .and_then(|b| {
             b.set_buckets_for_metric(
+                Matcher::Full("onceflow_batch_stage_seconds".into()),
+                COMMIT_BUCKETS,
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
                 Matcher::Full("onceflow_batch_records".into()),
                 BATCH_BUCKETS,
             )
@@ -191,6 +197,13 @@ fn describe() {
         "onceflow_commit_seconds",
         Unit::Seconds,
         "Time to commit a batch (send offsets and commit the transaction)"
+    );
+    describe_histogram!(
+        "onceflow_batch_stage_seconds",
+        Unit::Seconds,
+        "Time a batch spent in each stage: handle (its records), offsets (sent to the \
+         transaction or committed), commit (the transaction, or the outputs landing), apply \
+         (to the transaction log)"
     );
     describe_histogram!(
         "onceflow_batch_records",
