@@ -60,6 +60,7 @@ fn colour(system: System) -> RGBColor {
         System::AtLeastOnce => RGBColor(40, 110, 200),
         System::ExactlyOnce => RGBColor(10, 40, 140),
         System::Streams => RGBColor(220, 90, 30),
+        System::RustStream => RGBColor(60, 160, 90),
     }
 }
 

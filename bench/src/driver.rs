@@ -55,17 +55,20 @@ pub enum System {
     ExactlyOnce,
     /// d: Kafka Streams exactly_once_v2.
     Streams,
+    /// e: a Rust peer, ruststream-rdkafka's exactly-once pipeline (`bench/peers/`).
+    RustStream,
 }
 
 impl System {
     /// Every contender, in table order.
-    pub const ALL: [System; 6] = [
+    pub const ALL: [System; 7] = [
         System::Raw,
         System::RawTransactional,
         System::AtMostOnce,
         System::AtLeastOnce,
         System::ExactlyOnce,
         System::Streams,
+        System::RustStream,
     ];
 
     /// Its name on the command line.
@@ -77,6 +80,7 @@ impl System {
             System::AtLeastOnce => "onceflow-alo",
             System::ExactlyOnce => "onceflow-eo",
             System::Streams => "streams-eos2",
+            System::RustStream => "ruststream-eo",
         }
     }
 
@@ -89,6 +93,7 @@ impl System {
             System::AtLeastOnce => "c. onceflow at-least-once",
             System::ExactlyOnce => "c. onceflow exactly-once",
             System::Streams => "d. Kafka Streams exactly_once_v2",
+            System::RustStream => "e. ruststream-rdkafka exactly-once",
         }
     }
 
@@ -194,6 +199,8 @@ pub struct Environment {
     pub run_timeout: Duration,
     /// librdkafka properties (KEY=VALUE) for the onceflow contenders.
     pub onceflow_kafka: Vec<String>,
+    /// The Rust peers' binaries, as built (`crate::peers`).
+    pub peers: Vec<(System, PathBuf)>,
 }
 
 /// Runs one contender once, reporting progress on `bar`.
@@ -773,6 +780,15 @@ fn command(
             ])
             .arg("--state-dir")
             .arg(state.join(format!("streams-{instance}")));
+        return command;
+    }
+    if let Some((_, binary)) = env.peers.iter().find(|(s, _)| *s == settings.system) {
+        let mut command = Command::new(binary);
+        command
+            .args(["--brokers", brokers, "--input", &input, "--output", &output])
+            .args(["--group", name, "--commit-interval-ms", &interval_ms])
+            .args(["--max-batch", &settings.max_batch.to_string()])
+            .args(["--partitions", &settings.partitions.to_string()]);
         return command;
     }
     let mut command = Command::new(&env.exe);

@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand};
 
 use onceflow_bench::driver::{self, Environment, Progress, RunSettings, System};
 use onceflow_bench::report::{self, Conditions, Measured};
-use onceflow_bench::{charts, flow, raw, workload};
+use onceflow_bench::{charts, flow, peers, raw, workload};
 
 #[derive(Parser, Debug)]
 #[command(name = "onceflow-bench", about)]
@@ -120,7 +120,9 @@ struct ReportArgs {
     /// Use this broker instead of starting one (testkit, Docker).
     #[arg(long)]
     brokers: Option<String>,
-    /// Contenders, comma-separated (default: all).
+    /// Contenders, comma-separated (default: all but the Rust peers). A Rust peer
+    /// (ruststream-eo) is built first, in bench/peers/; one that does not build or run is
+    /// left out and the report says why.
     #[arg(
         long,
         value_delimiter = ',',
@@ -448,11 +450,37 @@ fn points<T: Copy>(
         .collect()
 }
 
-async fn report(args: ReportArgs) -> Result<(), String> {
+async fn report(mut args: ReportArgs) -> Result<(), String> {
     let started = Instant::now();
     if args.contenders.contains(&System::Streams) && !args.streams_jar.exists() {
         build_streams_jar(&args)?;
     }
+    // A Rust peer that does not build is left out, and the report says why.
+    let mut peer_notes = Vec::new();
+    let mut peer_binaries = Vec::new();
+    for peer in peers::PEERS
+        .iter()
+        .filter(|p| args.contenders.contains(&p.system))
+    {
+        let problem = match peers::build(peer, args.quiet) {
+            Ok(binary) => {
+                peer_binaries.push((peer.system, binary));
+                None
+            }
+            Err(why) => {
+                eprintln!("{} left out: {why}", peer.system.id());
+                Some(format!("not built: {why}"))
+            }
+        };
+        peer_notes.push(report::PeerNote {
+            system: peer.system,
+            what: peer.what.to_owned(),
+            problem,
+        });
+    }
+    args.contenders.retain(|system| {
+        peers::peer(*system).is_none() || peer_binaries.iter().any(|(s, _)| s == system)
+    });
     let kafka: &'static onceflow::testkit::Kafka = match &args.brokers {
         Some(brokers) => Box::leak(Box::new(onceflow::testkit::Kafka::connect(brokers.clone()))),
         None => onceflow::testkit::kafka().await,
@@ -466,6 +494,7 @@ async fn report(args: ReportArgs) -> Result<(), String> {
         log_dir: log_dir.clone(),
         run_timeout: Duration::from_secs(args.run_timeout),
         onceflow_kafka: args.onceflow_kafka.clone(),
+        peers: peer_binaries,
     };
     let planned = plan(&args);
     let restore_runs = if args.restore_ids > 0 && args.contenders.contains(&System::ExactlyOnce) {
@@ -476,13 +505,33 @@ async fn report(args: ReportArgs) -> Result<(), String> {
     let progress = Progress::new((planned.len() + restore_runs) as u64, args.quiet);
     let mut measured = Vec::new();
     for run in planned {
-        progress.overall.set_message(format!(
-            "{} {} {}",
-            run.section,
-            run.point,
-            run.settings.system.id()
-        ));
-        let result = driver::run_once(&env, &run.settings, &progress.run).await?;
+        let system = run.settings.system;
+        progress
+            .overall
+            .set_message(format!("{} {} {}", run.section, run.point, system.id()));
+        let failed_peer = |notes: &[report::PeerNote]| {
+            notes
+                .iter()
+                .any(|note| note.system == system && note.problem.is_some())
+        };
+        if failed_peer(&peer_notes) {
+            progress.overall.inc(1);
+            continue;
+        }
+        let result = match driver::run_once(&env, &run.settings, &progress.run).await {
+            Ok(result) => result,
+            // A peer failing is the report's finding about it, not the report's failure.
+            Err(why) if peers::peer(system).is_some() => {
+                eprintln!("{} failed: {why}", system.id());
+                if let Some(note) = peer_notes.iter_mut().find(|note| note.system == system) {
+                    note.problem = Some(format!("failed while running: {}", peers::tail(&why, 8)));
+                }
+                measured.retain(|m: &Measured| m.settings.system != system);
+                progress.overall.inc(1);
+                continue;
+            }
+            Err(why) => return Err(why),
+        };
         measured.push(Measured {
             section: run.section,
             point: run.point,
@@ -539,6 +588,7 @@ async fn report(args: ReportArgs) -> Result<(), String> {
             ids: args.restore_ids,
             keys: args.restore_keys,
         }),
+        peers: peer_notes,
     };
     let text = report::markdown(&date, &conditions, &measured, &restores);
     let path = args.out.join(format!("{date}.md"));

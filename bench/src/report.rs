@@ -114,6 +114,19 @@ pub struct Conditions {
     pub onceflow_kafka: Vec<String>,
     /// The restore measurement's partition, when it ran.
     pub restore: Option<RestoreConditions>,
+    /// The Rust peers asked for, and why any of them did not run.
+    pub peers: Vec<PeerNote>,
+}
+
+/// A Rust peer asked for: what it runs, and why it did not, if it did not.
+#[derive(Debug, Clone)]
+pub struct PeerNote {
+    /// Its contender.
+    pub system: System,
+    /// The crate, its version and the API used.
+    pub what: String,
+    /// Why it has no figures: its build's or its run's error.
+    pub problem: Option<String>,
 }
 
 /// What the restore measurement's partition held.
@@ -200,6 +213,8 @@ pub fn markdown(
          the throughput phase; CPU µs/event: CPU from the first output seen to the last, per \
          output in between (start-up excluded). Ratios are of medians.\n"
     );
+
+    peer_notes(&mut md, &conditions.peers);
 
     let groups = group(runs, "main");
     let throughput = |r: &RunResult| Some(r.throughput);
@@ -555,9 +570,62 @@ fn targets(
     );
     target(
         "onceflow leads the Rust peers (ruststream, crabka) on throughput, p99, CPU".into(),
-        None,
+        peers_led(&groups, &conditions.peers),
     );
     let _ = writeln!(md);
+}
+
+/// What each Rust peer asked for runs, or why it did not run.
+fn peer_notes(md: &mut String, notes: &[PeerNote]) {
+    if notes.is_empty() {
+        return;
+    }
+    let _ = writeln!(md, "## Rust peers\n");
+    for note in notes {
+        let _ = writeln!(md, "- {}: {}.", note.system.label(), note.what);
+        if let Some(problem) = &note.problem {
+            let _ = writeln!(md, "  **Not run here**: {problem}");
+        }
+    }
+    let _ = writeln!(md);
+}
+
+/// Whether onceflow exactly-once beats every Rust peer that ran on throughput, p99 and CPU
+/// per event; None when no peer ran (or onceflow exactly-once did not), or without a latency
+/// phase. The peers that did not run are named.
+fn peers_led(groups: &Grouped<'_>, notes: &[PeerNote]) -> Option<(String, bool)> {
+    let throughput = |r: &RunResult| Some(r.throughput);
+    let p99 = |r: &RunResult| r.latency_ms.map(|l| l[1]);
+    let cpu = |r: &RunResult| Some(r.cpu_us_per_event);
+    let eo = [
+        median_of(groups, System::ExactlyOnce, throughput)?,
+        median_of(groups, System::ExactlyOnce, p99)?,
+        median_of(groups, System::ExactlyOnce, cpu)?,
+    ];
+    let mut parts = Vec::new();
+    let mut met = true;
+    let mut any = false;
+    for note in notes {
+        let id = note.system.id();
+        let figures = [
+            median_of(groups, note.system, throughput),
+            median_of(groups, note.system, p99),
+            median_of(groups, note.system, cpu),
+        ];
+        let [Some(tp), Some(p99), Some(cpu)] = figures else {
+            parts.push(format!("{id} not run"));
+            continue;
+        };
+        any = true;
+        met &= eo[0] > tp && eo[1] < p99 && eo[2] < cpu;
+        parts.push(format!(
+            "vs {id}: {:.2}× events/s, p99 {:.1} vs {p99:.1} ms, CPU {:.1} vs {cpu:.1} µs/event",
+            eo[0] / tp.max(1e-9),
+            eo[1],
+            eo[2]
+        ));
+    }
+    any.then(|| (parts.join("; "), met))
 }
 
 /// Sweep points sort by their number, then by their text.
