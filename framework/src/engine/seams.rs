@@ -42,8 +42,9 @@ pub(crate) trait Landing: Send + Sync + 'static {
 /// The input: what a batch commits outside a transaction, and what recovery reads and
 /// moves.
 pub(crate) trait Source: Sync {
-    /// Polls for at most `max_records` records, waiting at most `max_wait` for the first:
-    /// the records, and the rebalances served meanwhile.
+    /// Polls for at most `max_records` records, gathering for `max_wait` (then taking
+    /// what has already arrived, without waiting): the records, and the rebalances served
+    /// meanwhile.
     fn poll(
         &self,
         max_records: usize,

@@ -4,6 +4,7 @@
 //! log of the test driver.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
@@ -44,6 +45,7 @@ where
     // repairs with an epoch bump; that does not mean the culprit is gone.)
     let mut failures = 0u32;
     let mut refused = false;
+    let mut cadence = Cadence::new(config.commit_interval, Instant::now());
     loop {
         if shutdown.is_triggered() {
             break Ok(());
@@ -53,7 +55,7 @@ where
         let mut polled = resync.take_held();
         if polled.rebalances.is_empty() && polled.records.is_empty() {
             polled = match consumer
-                .poll(config.max_batch_records, config.commit_interval)
+                .poll(config.max_batch_records, cadence.wait(Instant::now()))
                 .await
             {
                 Ok(polled) => polled,
@@ -75,6 +77,11 @@ where
         let span = tracing::info_span!("batch", records = polled.records.len());
         let one_by_one =
             refused && failures >= ISOLATE_AFTER && config.delivery != DeliveryMode::AtMostOnce;
+        if polled.records.is_empty() {
+            cadence.idle(Instant::now());
+        } else {
+            cadence.closed(Instant::now());
+        }
         let failed = if polled.records.is_empty() {
             // No records: the wall-clock timers that came due meanwhile fire alone.
             if !processor.uses_timers() || owned.is_empty() {
@@ -138,6 +145,47 @@ where
         if let Err(stop) = resync.pause_for(consumer, delay).await {
             break Err(stop);
         }
+        // The records of the failed batch come again, in a window of their own.
+        cadence.idle(Instant::now());
+    }
+}
+
+/// When the batch being gathered closes. Batches close `commit_interval` apart, as Kafka
+/// Streams' `commit.interval.ms` commits: the time one takes to handle, commit and apply
+/// its records is not added to the next one's wait, so a record waits about one interval
+/// and one commit to be visible, not one interval and two. A batch whose close has passed
+/// before it is polled (its predecessor took longer than the interval) takes what has
+/// arrived meanwhile; after a poll that found nothing, the next batch gets a whole
+/// interval (an idle engine does not poll in a loop).
+#[derive(Debug)]
+struct Cadence {
+    interval: Duration,
+    close_at: Instant,
+}
+
+impl Cadence {
+    fn new(interval: Duration, now: Instant) -> Self {
+        Cadence {
+            interval,
+            close_at: now + interval,
+        }
+    }
+
+    /// How long the poll for the next batch gathers.
+    fn wait(&self, now: Instant) -> Duration {
+        self.close_at.saturating_duration_since(now)
+    }
+
+    /// A batch was polled at `now`: the next closes an interval after this one's close,
+    /// or after `now` if it closed early (it was full).
+    fn closed(&mut self, now: Instant) {
+        let close = self.close_at.min(now);
+        self.close_at = (close + self.interval).max(now);
+    }
+
+    /// A poll found nothing (or a batch failed and is rewound).
+    fn idle(&mut self, now: Instant) {
+        self.close_at = now + self.interval;
     }
 }
 
@@ -175,4 +223,49 @@ pub(super) async fn follow_rebalances<C: Source, R: Restore, N>(
         }
     }
     Ok(assigned.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn batches_close_an_interval_apart_whatever_their_commit_took() {
+        let start = Instant::now();
+        let mut cadence = Cadence::new(100 * MS, start);
+        assert_eq!(cadence.wait(start), 100 * MS);
+        // The first batch closes at 100 ms; its commit and apply take 30 ms: the next
+        // gathers for the 70 ms left of its interval, not for another 100.
+        cadence.closed(start + 100 * MS);
+        assert_eq!(cadence.wait(start + 130 * MS), 70 * MS);
+        cadence.closed(start + 200 * MS);
+        assert_eq!(cadence.wait(start + 225 * MS), 75 * MS);
+        // A batch full before its close (a burst): the next closes an interval after it
+        // was polled, not after the close it did not wait for.
+        cadence.closed(start + 240 * MS);
+        assert_eq!(cadence.wait(start + 250 * MS), 90 * MS);
+    }
+
+    #[test]
+    fn a_late_batch_takes_what_has_arrived_and_an_idle_poll_restarts_the_interval() {
+        let start = Instant::now();
+        let mut cadence = Cadence::new(10 * MS, start);
+        // Closed at 10 ms, committed at 35: the next batch's close has passed.
+        cadence.closed(start + 10 * MS);
+        assert_eq!(cadence.wait(start + 35 * MS), Duration::ZERO);
+        // While commits outlast the interval, batches follow each other with no wait,
+        // each with what came during the commit before it.
+        cadence.closed(start + 35 * MS);
+        assert_eq!(cadence.wait(start + 60 * MS), Duration::ZERO);
+        // Once commits are quick again (2 ms), the cadence is back a batch later.
+        cadence.closed(start + 60 * MS);
+        assert_eq!(cadence.wait(start + 62 * MS), Duration::ZERO);
+        cadence.closed(start + 62 * MS);
+        assert_eq!(cadence.wait(start + 64 * MS), 6 * MS);
+        // Nothing came: a whole interval from now, so an idle engine waits in its poll.
+        cadence.idle(start + 50 * MS);
+        assert_eq!(cadence.wait(start + 50 * MS), 10 * MS);
+    }
 }

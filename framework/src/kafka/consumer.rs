@@ -132,7 +132,9 @@ type PollOnce = (
 );
 
 /// One batch's worth of polls: until `max_records` records, `max_wait`, or a rebalance,
-/// whichever comes first. Records gathered before a revocation of their partition are
+/// whichever comes first; at `max_wait`, what has already arrived is taken too (so a
+/// batch whose wait is over before it starts still gets what came meanwhile, up to
+/// `max_records`). Records gathered before a revocation of their partition are
 /// dropped (whoever owns it next reads them again from the committed offset). A consumer
 /// error never drops what was gathered: librdkafka's position is already past it, so
 /// returning the error without it would lose it (the next batch would commit beyond). Only
@@ -147,10 +149,8 @@ fn gather(
     let deadline = Instant::now() + max_wait;
     let mut polled = Polled::default();
     while polled.records.len() < max_records {
+        // Past the deadline, polls wait no more: they take only what has arrived.
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
         let (message, rebalances) = poll_once(left.min(Duration::from_millis(50)));
         for event in &rebalances {
             if let Rebalanced::Revoked(revoked) = event {
@@ -160,6 +160,7 @@ fn gather(
         let rebalanced = !rebalances.is_empty();
         polled.rebalances.extend(rebalances);
         match message {
+            None if left.is_zero() => break,
             None => {}
             Some(Ok(record)) => polled.records.push(record),
             Some(Err(error)) => {
@@ -167,8 +168,8 @@ fn gather(
                     return Err(stop);
                 }
                 // Hand over what was gathered now; an error with nothing gathered is
-                // polled past.
-                if !polled.records.is_empty() {
+                // polled past (until the deadline).
+                if !polled.records.is_empty() || left.is_zero() {
                     break;
                 }
             }
@@ -657,6 +658,38 @@ mod tests {
         .expect("polled");
         assert_eq!(positions(&polled), [(1, 0), (1, 1)]);
         assert_eq!(polled.rebalances, [Rebalanced::Revoked(vec![0])]);
+    }
+
+    #[test]
+    fn a_poll_whose_wait_is_over_takes_what_has_arrived_up_to_the_limit() {
+        let script = || {
+            vec![
+                (Some(Ok(record(0, 0))), Vec::new()),
+                (Some(Ok(record(1, 0))), Vec::new()),
+                (Some(Ok(record(0, 1))), Vec::new()),
+                // The queue is empty: the poll ends here, what follows is the next one's.
+                (None, Vec::new()),
+                (Some(Ok(record(0, 2))), Vec::new()),
+            ]
+        };
+        let polled =
+            gather(scripted(script()), 100, Duration::ZERO, "orders", "a").expect("polled");
+        assert_eq!(positions(&polled), [(0, 0), (1, 0), (0, 1)]);
+        let polled = gather(scripted(script()), 2, Duration::ZERO, "orders", "a").expect("polled");
+        assert_eq!(positions(&polled), [(0, 0), (1, 0)]);
+        // An error with nothing gathered ends it too: nothing waits past the deadline.
+        let polled = gather(
+            scripted(vec![
+                consumption(C::BrokerTransportFailure),
+                (Some(Ok(record(0, 0))), Vec::new()),
+            ]),
+            100,
+            Duration::ZERO,
+            "orders",
+            "a",
+        )
+        .expect("polled");
+        assert!(polled.records.is_empty());
     }
 
     #[test]
