@@ -11,21 +11,55 @@ pub(super) fn abort_backoff(failures: u32) -> Duration {
     Duration::from_millis(100 * (1 << doublings)).min(Duration::from_secs(5))
 }
 
+/// How long recovery after a failed batch goes on trying a call that fails retriably
+/// (a new producer, the group's committed offsets) before the instance stops. A cluster
+/// recovering from a fault can take a minute or more: a transaction coordinator that
+/// moved loads its state first, and refuses a new producer (`CONCURRENT_TRANSACTIONS`)
+/// while the old one's transaction is still being ended. The cluster test's isolated
+/// coordinator once kept `init_transactions` timing out for over a minute, which five
+/// attempts did not outlast. The consumer is held meanwhile, so the group keeps the
+/// instance's partitions.
+pub(crate) const RECOVERY_PATIENCE: Duration = Duration::from_secs(300);
+
+/// The longest pause between two attempts of [`retry_transient_for`].
+const MAX_PAUSE: Duration = Duration::from_secs(5);
+
 /// Runs `call` again while it fails with a retriable error (a broker that is slow or
 /// briefly away), with growing pauses, at most five times in all.
-pub(crate) async fn retry_transient<T, F, Fut>(what: &str, mut call: F) -> Result<T>
+pub(crate) async fn retry_transient<T, F, Fut>(what: &str, call: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
+    retry_transient_for(what, Duration::ZERO, call).await
+}
+
+/// [`retry_transient`], and past its five attempts for as long as `patience` allows (from
+/// the first attempt), pausing 500 ms, doubling, at most [`MAX_PAUSE`]. The warnings are
+/// rate-limited: the first five, then every power of two.
+pub(crate) async fn retry_transient_for<T, F, Fut>(
+    what: &str,
+    patience: Duration,
+    mut call: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let started = tokio::time::Instant::now();
     let mut pause = Duration::from_millis(500);
-    let mut attempt = 1;
+    let mut attempt: u32 = 1;
     loop {
         match call().await {
-            Err(error) if error.is_retriable() && attempt < 5 => {
-                tracing::warn!(%error, attempt, ?pause, "{what} failed; trying again");
+            Err(error)
+                if error.is_retriable()
+                    && (attempt < 5 || started.elapsed() + pause <= patience) =>
+            {
+                if attempt <= 5 || attempt.is_power_of_two() {
+                    tracing::warn!(%error, attempt, ?pause, waited = ?started.elapsed(), "{what} failed; trying again");
+                }
                 tokio::time::sleep(pause).await;
-                pause *= 2;
+                pause = (pause * 2).min(MAX_PAUSE);
                 attempt += 1;
             }
             other => return other,

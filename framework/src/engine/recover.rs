@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
-use crate::engine::backoff::retry_transient;
+use crate::engine::backoff::{RECOVERY_PATIENCE, retry_transient, retry_transient_for};
 use crate::engine::seams::{Renew, Restore, Sink, Source};
 use crate::engine::stats::{Phase, Stats};
 use crate::engine::{batch, dead_letters};
@@ -312,7 +312,10 @@ where
             return Err(fatal);
         }
         tracing::warn!(error = %cause, "recreating the producer: its transaction was aborted under it");
-        *producer = retry_transient("recreate the producer", || resync.renew.renew()).await?;
+        *producer = retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || {
+            resync.renew.renew()
+        })
+        .await?;
     } else if config.delivery == DeliveryMode::ExactlyOnce
         && let Err(error) = producer.abort().await
     {
@@ -328,7 +331,10 @@ where
                 return Err(fatal);
             }
             tracing::warn!(%error, "abort failed; recreating the producer");
-            *producer = retry_transient("recreate the producer", || resync.renew.renew()).await?;
+            *producer = retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || {
+                resync.renew.renew()
+            })
+            .await?;
         }
     }
     if config.delivery == DeliveryMode::AtMostOnce {
@@ -392,7 +398,10 @@ impl<R, N> Resync<'_, R, N> {
              ID: taking the fence for the instance's own (a coordinator moved) and making a \
              new producer"
         );
-        *producer = retry_transient("recreate the producer", || self.renew.renew()).await?;
+        *producer = retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || {
+            self.renew.renew()
+        })
+        .await?;
         self.producer_fenced.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -456,7 +465,10 @@ impl<R, N> Resync<'_, R, N> {
                      instance ID outlived the session: no successor; making a new producer \
                      and joining the group again"
                 );
-                *producer = retry_transient("recreate the producer", || self.renew.renew()).await?;
+                *producer = retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || {
+                    self.renew.renew()
+                })
+                .await?;
                 self.producer_fenced
                     .store(false, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
@@ -580,10 +592,12 @@ impl<R: Restore, N> Resync<'_, R, N> {
         consumer: &C,
         partitions: &[i32],
     ) -> Result<Vec<(i32, Option<i64>)>> {
-        let committed = retry_transient("read the committed offsets", || {
-            consumer.committed(partitions.to_vec())
-        })
-        .await?;
+        // Patient: the group coordinator may be moving (NotCoordinator) after a fault.
+        let committed =
+            retry_transient_for("read the committed offsets", RECOVERY_PATIENCE, || {
+                consumer.committed(partitions.to_vec())
+            })
+            .await?;
         // At most once commits before it processes: the changelog lags the committed
         // offsets by design, so there is nothing to wait for.
         let must_reach = self.config.delivery != DeliveryMode::AtMostOnce;

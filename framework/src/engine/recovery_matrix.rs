@@ -92,9 +92,10 @@ async fn reading_committed_offsets_and_seeking_are_retried_then_given_up() {
     assert_eq!(count(|c| matches!(c, Call::Committed(_))), 3, "{calls:?}");
     assert_eq!(count(|c| matches!(c, Call::Seek(_))), 2, "{calls:?}");
 
-    // Five failures in a row: an error, and no seek anywhere (never "to the beginning").
+    // Failures past the recovery's patience: an error, and no seek anywhere (never "to
+    // the beginning").
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
-    for nth in 1..=5 {
+    for nth in 1..=1_000 {
         rig.kafka
             .fail(Kind::Committed, None, nth, kafka(ErrorClass::Retriable));
     }
@@ -168,6 +169,47 @@ async fn at_most_once_does_not_rewind() {
         .await
         .expect("recovered");
     assert_eq!(rig.kafka.calls(), [Call::Hold, Call::Release]);
+}
+
+/// A new producer that cannot be had for a minute (the cluster test's isolated
+/// transaction coordinator: `init_transactions` timed out five times in a row, about 10 s
+/// each, while the coordinator came back) is waited for: the instance does not stop on a
+/// retriable error while the cluster recovers. Past `RECOVERY_PATIENCE` it does.
+#[tokio::test(start_paused = true)]
+async fn a_new_producer_is_waited_for_while_the_cluster_recovers() {
+    use crate::engine::backoff::RECOVERY_PATIENCE;
+    let timed_out = Error::TransactionTimedOut {
+        open_for: Duration::from_secs(11),
+        timeout: Duration::from_secs(10),
+        detail: "epoch bumped".into(),
+    };
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    for nth in 1..=12 {
+        rig.kafka
+            .fail(Kind::Renew, None, nth, kafka(ErrorClass::Retriable));
+    }
+    rig.recover(&timed_out).await.expect("recovered");
+    let renewed = rig
+        .kafka
+        .calls()
+        .iter()
+        .filter(|c| **c == Call::Renew)
+        .count();
+    assert_eq!(renewed, 13, "12 failures, then the new producer");
+
+    // A cluster that never comes back: the instance stops, within the patience.
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    for nth in 1..=1_000 {
+        rig.kafka
+            .fail(Kind::Renew, None, nth, kafka(ErrorClass::Retriable));
+    }
+    let started = tokio::time::Instant::now();
+    assert!(rig.recover(&timed_out).await.is_err());
+    let waited = started.elapsed();
+    assert!(
+        waited <= RECOVERY_PATIENCE && waited >= RECOVERY_PATIENCE - Duration::from_secs(5),
+        "gave up after {waited:?}"
+    );
 }
 
 fn producer_fenced() -> Error {
