@@ -312,10 +312,7 @@ where
             return Err(fatal);
         }
         tracing::warn!(error = %cause, "recreating the producer: its transaction was aborted under it");
-        *producer = retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || {
-            resync.renew.renew()
-        })
-        .await?;
+        *producer = new_producer(&resync.renew).await?;
     } else if config.delivery == DeliveryMode::ExactlyOnce
         && let Err(error) = producer.abort().await
     {
@@ -331,10 +328,7 @@ where
                 return Err(fatal);
             }
             tracing::warn!(%error, "abort failed; recreating the producer");
-            *producer = retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || {
-                resync.renew.renew()
-            })
-            .await?;
+            *producer = new_producer(&resync.renew).await?;
         }
     }
     if config.delivery == DeliveryMode::AtMostOnce {
@@ -344,6 +338,12 @@ where
     }
     let owned: Vec<i32> = owned.iter().copied().collect();
     resync.catch_up_now(consumer, &owned).await.map(Some)
+}
+
+/// A new producer, through `renew`, waited for while the cluster recovers (up to
+/// [`RECOVERY_PATIENCE`]): every place recovery replaces the producer goes through here.
+async fn new_producer<P, N: Renew<P>>(renew: &N) -> Result<P> {
+    retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || renew.renew()).await
 }
 
 impl<R, N> Resync<'_, R, N> {
@@ -398,10 +398,7 @@ impl<R, N> Resync<'_, R, N> {
              ID: taking the fence for the instance's own (a coordinator moved) and making a \
              new producer"
         );
-        *producer = retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || {
-            self.renew.renew()
-        })
-        .await?;
+        *producer = new_producer(&self.renew).await?;
         self.producer_fenced.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -465,10 +462,7 @@ impl<R, N> Resync<'_, R, N> {
                      instance ID outlived the session: no successor; making a new producer \
                      and joining the group again"
                 );
-                *producer = retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || {
-                    self.renew.renew()
-                })
-                .await?;
+                *producer = new_producer(&self.renew).await?;
                 self.producer_fenced
                     .store(false, std::sync::atomic::Ordering::Relaxed);
                 Ok(())

@@ -143,11 +143,7 @@ async fn a_failed_abort_of_a_replaced_instance_stops_without_fencing_its_success
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_transaction_makes_a_new_producer_without_aborting() {
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
-    let timed_out = Error::TransactionTimedOut {
-        open_for: Duration::from_secs(11),
-        timeout: Duration::from_secs(10),
-        detail: "epoch bumped".into(),
-    };
+    let timed_out = timed_out();
     rig.recover(&timed_out).await.expect("recovered");
     assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
 
@@ -178,11 +174,7 @@ async fn at_most_once_does_not_rewind() {
 #[tokio::test(start_paused = true)]
 async fn a_new_producer_is_waited_for_while_the_cluster_recovers() {
     use crate::engine::backoff::RECOVERY_PATIENCE;
-    let timed_out = Error::TransactionTimedOut {
-        open_for: Duration::from_secs(11),
-        timeout: Duration::from_secs(10),
-        detail: "epoch bumped".into(),
-    };
+    let timed_out = timed_out();
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
     for nth in 1..=12 {
         rig.kafka
@@ -210,6 +202,15 @@ async fn a_new_producer_is_waited_for_while_the_cluster_recovers() {
         waited <= RECOVERY_PATIENCE && waited >= RECOVERY_PATIENCE - Duration::from_secs(5),
         "gave up after {waited:?}"
     );
+}
+
+/// The coordinator aborted the transaction under the producer (it timed out).
+fn timed_out() -> Error {
+    Error::TransactionTimedOut {
+        open_for: Duration::from_secs(11),
+        timeout: Duration::from_secs(10),
+        detail: "epoch bumped".into(),
+    }
 }
 
 fn producer_fenced() -> Error {
