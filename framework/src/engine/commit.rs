@@ -25,7 +25,7 @@ use crate::Result;
 use crate::config::DeliveryMode;
 use crate::engine::batch::{Batch, Part};
 use crate::engine::seams::{Landing, Outgoing, Sink, Source};
-use crate::engine::stats::Stats;
+use crate::engine::stats::Tally;
 use crate::engine::{changelog, crash_point};
 use crate::kafka;
 use crate::txlog::{Change, Landed, Overlay};
@@ -101,6 +101,24 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             }
         }
 
+        // Counted once the batch is known to have committed: here, or by recovery when
+        // the commit answers with an error yet went through.
+        let tally = Tally {
+            records_in: records.len() as u64,
+            outputs,
+            duplicates_skipped: part.duplicates,
+            expired_entries: changes
+                .iter()
+                .flat_map(|(_, list)| list)
+                .filter(|c| matches!(c, Change::Expired { .. }))
+                .count() as u64,
+            dead_lettered: part.failed.dead_lettered,
+            skipped: part.failed.skipped,
+            without_event_id: part.without_id,
+            timers_fired: part.timers_fired,
+        };
+        self.stats.committing(next_offsets.clone(), tally);
+
         crash_point!(await "onceflow-before-send-offsets");
         // An abortable failure on demand, for the tests of the abort-and-go-on path.
         #[cfg(feature = "failpoints")]
@@ -162,11 +180,6 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         crash_point!(await "onceflow-after-commit-before-apply");
         metrics::histogram!("onceflow_commit_seconds").record(committing.elapsed().as_secs_f64());
 
-        let expired: u64 = changes
-            .iter()
-            .flat_map(|(_, list)| list)
-            .filter(|c| matches!(c, Change::Expired { .. }))
-            .count() as u64;
         let applied: Vec<(i32, Vec<Change>, Option<Landed>)> = changes
             .into_iter()
             .map(|(partition, list)| {
@@ -184,15 +197,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         .await?;
         stages.record("apply", apply);
 
-        Stats::add(&self.stats.records_in, records.len() as u64);
-        Stats::add(&self.stats.outputs, outputs);
-        Stats::add(&self.stats.duplicates_skipped, part.duplicates);
-        Stats::add(&self.stats.expired_entries, expired);
-        Stats::add(&self.stats.dead_lettered, part.failed.dead_lettered);
-        Stats::add(&self.stats.skipped, part.failed.skipped);
-        Stats::add(&self.stats.without_event_id, part.without_id);
-        Stats::add(&self.stats.timers_fired, part.timers_fired);
-        Stats::add(&self.stats.commits, 1);
+        self.stats.committed();
         metrics::histogram!("onceflow_batch_records").record(records.len() as f64);
         tracing::debug!(
             records = records.len(),

@@ -525,6 +525,50 @@ async fn a_commit_whose_outcome_is_unknown_is_settled_by_the_committed_offsets()
     assert_eq!(rig.sums(), [1, 3]);
 }
 
+/// The counters of a batch whose commit answered with an error: counted as committed
+/// when the committed offsets show it went through (its outputs are visible, and what it
+/// skipped was skipped), as aborted when they show it did not. Before, a batch that went
+/// through after all was counted as neither, and the broker tests' exact
+/// `duplicates_skipped` failed whenever such a batch held a duplicate.
+#[tokio::test(start_paused = true)]
+async fn a_batch_that_went_through_after_all_is_counted_as_committed() {
+    use crate::engine::recover::recover;
+
+    for went_through in [true, false] {
+        let rig = Rig::new(DeliveryMode::ExactlyOnce);
+        let failure = kafka_error(ErrorClass::Retriable);
+        if went_through {
+            rig.kafka.fail_after_applying(Kind::Commit, 1, failure);
+        } else {
+            rig.kafka.fail(Kind::Commit, None, 1, failure);
+        }
+        // "a" twice: the second is a duplicate.
+        let records = vec![amount(0, "a", 1), amount(1, "a", 1), amount(2, "b", 2)];
+        let error = rig.run(records).await.expect_err("the commit failed");
+        rig.kafka.assign(&[0]);
+        let resync = rig.kafka.resync(&rig.config, &rig.stats);
+        let mut producer = rig.kafka.clone();
+        recover(&resync, &rig.kafka, &mut producer, &[0].into(), &error)
+            .await
+            .expect("recovered");
+        let s = rig.stats.snapshot();
+        let counted = (
+            s.records_in,
+            s.outputs,
+            s.duplicates_skipped,
+            s.commits,
+            s.aborts,
+        );
+        if went_through {
+            assert_eq!(rig.sums(), [1, 3]);
+            assert_eq!(counted, (3, 2, 1, 1, 0), "went through: {s:?}");
+        } else {
+            assert!(rig.sums().is_empty());
+            assert_eq!(counted, (0, 0, 0, 0, 1), "aborted: {s:?}");
+        }
+    }
+}
+
 /// Issue 16, part 3: the processor emits to its declared name (`out`, what
 /// `Self::OUT` would be); the configuration renamed it, so the record goes to the
 /// configured topic, and the declared name's own topic gets nothing.

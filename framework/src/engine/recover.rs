@@ -128,7 +128,6 @@ where
             Error::TransactionTimedOut { .. } => dead_letters::FailureClass::TransactionTimeout,
             _ => return Some(Failed::Batch(error)),
         };
-        Stats::add(&parts.stats.aborts, 1);
         if let Err(stop) = recover(resync, parts.consumer, producer, owned, &error).await {
             return Some(Failed::Stop(stop));
         }
@@ -267,8 +266,12 @@ where
     // through them (the transaction is over, or being aborted: nothing commits meanwhile).
     let undone = resync
         .holding(consumer, undo(resync, consumer, producer, owned, cause))
-        .await?;
-    let Some(mut committed) = undone else {
+        .await;
+    // Where the partitions move settles how the failed batch is counted.
+    resync
+        .stats
+        .settle(undone.as_ref().ok().and_then(|moved| moved.as_deref()));
+    let Some(mut committed) = undone? else {
         return Ok(());
     };
     // A partition revoked while catching up is not sought (its new owner reads from the

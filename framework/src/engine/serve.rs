@@ -121,7 +121,6 @@ where
             Some(Failed::Stop(error)) => break Err(error),
             Some(Failed::Batch(error)) => error,
         };
-        Stats::add(&parts.stats.aborts, 1);
         if let Err(stop) = recover(resync, consumer, producer, owned, &error).await {
             break Err(stop);
         }

@@ -1,7 +1,7 @@
 //! Counters the engine keeps, readable while it runs.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Live counters of one engine.
 #[derive(Debug, Default)]
@@ -19,6 +19,30 @@ pub struct Stats {
     pub(crate) assignments: AtomicU64,
     pub(crate) timers_fired: AtomicU64,
     phase: AtomicU8,
+    /// The batch being committed: counted when it commits, or when recovery settles
+    /// whether its failed commit went through ([`Stats::settle`]).
+    in_doubt: Mutex<Option<InDoubt>>,
+}
+
+/// What one batch adds to the counters once it is known to have committed.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tally {
+    pub(crate) records_in: u64,
+    pub(crate) outputs: u64,
+    pub(crate) duplicates_skipped: u64,
+    pub(crate) expired_entries: u64,
+    pub(crate) dead_lettered: u64,
+    pub(crate) skipped: u64,
+    pub(crate) without_event_id: u64,
+    pub(crate) timers_fired: u64,
+}
+
+/// A batch whose commit is under way: where it ends in each of its partitions (the
+/// offsets it commits for the group) and what it adds to the counters.
+#[derive(Debug)]
+struct InDoubt {
+    ends: Vec<(i32, i64)>,
+    tally: Tally,
 }
 
 /// Where an engine is in its life, for readiness checks.
@@ -42,15 +66,16 @@ pub enum Phase {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StatsSnapshot {
-    /// Input records taken into batches that committed or aborted.
+    /// Input records in committed batches (a batch whose commit answered with an error
+    /// but went through is counted once recovery learns it from the committed offsets).
     pub records_in: u64,
-    /// Output records emitted (into committed or aborted batches).
+    /// Output records in committed batches.
     pub outputs: u64,
     /// Inputs skipped because their event ID was already processed, in committed batches.
     pub duplicates_skipped: u64,
     /// Batches committed.
     pub commits: u64,
-    /// Batches aborted and rewound.
+    /// Batches aborted and rewound (not those whose commit went through after all).
     pub aborts: u64,
     /// Changelog records replayed into the transaction log.
     pub replayed_records: u64,
@@ -115,6 +140,65 @@ impl Stats {
 
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The batch ending at `ends` (its next offset per partition) is about to commit:
+    /// its `tally` waits for [`Stats::committed`] or [`Stats::settle`].
+    pub(crate) fn committing(&self, ends: Vec<(i32, i64)>, tally: Tally) {
+        *self.in_doubt.lock().unwrap_or_else(|e| e.into_inner()) = Some(InDoubt { ends, tally });
+    }
+
+    /// The batch being committed committed: counted.
+    pub(crate) fn committed(&self) {
+        if let Some(batch) = self.take_in_doubt() {
+            self.count(&batch.tally);
+        }
+    }
+
+    /// Recovery from a failed batch moved the partitions to `positions` (the group's
+    /// committed offsets; `None` when it moved nowhere, or failed). The batch committed
+    /// after all if every partition it ends in is now at its end: a batch starts at the
+    /// committed offset and takes at least one record of each of its partitions, so an
+    /// aborted one leaves them short of it. Otherwise, or when the failure came before
+    /// any commit was tried, the batch counts as aborted.
+    pub(crate) fn settle(&self, positions: Option<&[(i32, Option<i64>)]>) {
+        let batch = self.take_in_doubt();
+        let went_through = match (&batch, positions) {
+            (Some(batch), Some(positions)) if !batch.ends.is_empty() => batch
+                .ends
+                .iter()
+                .all(|(partition, end)| positions.contains(&(*partition, Some(*end)))),
+            _ => false,
+        };
+        match batch {
+            Some(batch) if went_through => {
+                tracing::info!(
+                    ends = ?batch.ends,
+                    "the failed batch's commit went through after all: counted as committed"
+                );
+                self.count(&batch.tally);
+            }
+            _ => Self::add(&self.aborts, 1),
+        }
+    }
+
+    fn take_in_doubt(&self) -> Option<InDoubt> {
+        self.in_doubt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    fn count(&self, tally: &Tally) {
+        Self::add(&self.records_in, tally.records_in);
+        Self::add(&self.outputs, tally.outputs);
+        Self::add(&self.duplicates_skipped, tally.duplicates_skipped);
+        Self::add(&self.expired_entries, tally.expired_entries);
+        Self::add(&self.dead_lettered, tally.dead_lettered);
+        Self::add(&self.skipped, tally.skipped);
+        Self::add(&self.without_event_id, tally.without_event_id);
+        Self::add(&self.timers_fired, tally.timers_fired);
+        Self::add(&self.commits, 1);
     }
 }
 
