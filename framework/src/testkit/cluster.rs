@@ -259,15 +259,33 @@ impl Cluster {
             .ok_or_else(|| Error::Broker(format!("`{topic}` [{partition}] has no leader now")))
     }
 
+    /// The nodes that hold a replica of partition `partition` of `topic` (in sync or not:
+    /// its replication factor).
+    pub async fn replicas(&self, topic: &str, partition: i32) -> Result<Vec<i32>> {
+        self.nodes_of(topic, partition, |p| p.replicas().to_vec())
+            .await
+    }
+
     /// The nodes in sync for partition `partition` of `topic`.
     pub async fn in_sync(&self, topic: &str, partition: i32) -> Result<Vec<i32>> {
+        self.nodes_of(topic, partition, |p| p.isr().to_vec()).await
+    }
+
+    /// Nodes `which` picks from the metadata of partition `partition` of `topic` (none
+    /// when the partition is unknown).
+    async fn nodes_of(
+        &self,
+        topic: &str,
+        partition: i32,
+        which: fn(&rdkafka::metadata::MetadataPartition) -> Vec<i32>,
+    ) -> Result<Vec<i32>> {
         let topic_name = topic.to_owned();
         client::with_metadata(&self.kafka.options, Some(topic), move |m| {
             m.topics()
                 .iter()
                 .find(|t| t.name() == topic_name)
                 .and_then(|t| t.partitions().iter().find(|p| p.id() == partition))
-                .map(|p| p.isr().to_vec())
+                .map(which)
                 .unwrap_or_default()
         })
         .await
