@@ -105,6 +105,7 @@ pub(crate) async fn run<P: Processor>(
         held: std::sync::Mutex::default(),
         fences: std::sync::Mutex::default(),
         producer_fenced: std::sync::atomic::AtomicBool::default(),
+        floor: std::sync::Mutex::default(),
     };
     let Instance {
         processor,

@@ -153,6 +153,9 @@ struct Inner {
     fatal: Option<(MakeError, tokio::time::Instant)>,
     /// How long a replay takes.
     restore_takes: Duration,
+    /// Where a replay leaves each partition's progress (the input offset the
+    /// transaction log has reached); none: unknown.
+    progress: BTreeMap<i32, i64>,
     /// The topic the consumer polls (none: polls return only rebalances).
     input: Option<String>,
     /// The consumer's next offset per partition of the input.
@@ -338,6 +341,17 @@ impl FakeKafka {
         self.inner().restore_takes = duration;
     }
 
+    /// A replay of `partition` leaves the transaction log's progress at `offset`.
+    pub(crate) fn progress_after_replay(&self, partition: i32, offset: i64) {
+        self.inner().progress.insert(partition, offset);
+    }
+
+    /// The group's committed offset of `partition` reads `offset`, whatever was
+    /// committed (an answer from before a commit was resolved).
+    pub(crate) fn committed_offset_reads(&self, partition: i32, offset: i64) {
+        self.inner().committed_offsets.insert(partition, offset);
+    }
+
     /// Recovery's surroundings, with this fake replaying and renewing.
     pub(super) fn resync<'a>(
         &self,
@@ -352,6 +366,7 @@ impl FakeKafka {
             held: Mutex::default(),
             fences: Mutex::default(),
             producer_fenced: std::sync::atomic::AtomicBool::default(),
+            floor: Mutex::default(),
         }
     }
 
@@ -620,6 +635,10 @@ impl Restore for FakeKafka {
             result
         }
     }
+
+    fn progress(&self, partition: i32) -> Result<Option<i64>> {
+        Ok(self.inner().progress.get(&partition).copied())
+    }
 }
 
 impl Renew<FakeKafka> for FakeKafka {
@@ -823,5 +842,9 @@ impl Restore for MemoryReplay<'_> {
             )?;
         }
         Ok(())
+    }
+
+    fn progress(&self, partition: i32) -> Result<Option<i64>> {
+        self.txlog.progress(partition)
     }
 }

@@ -270,6 +270,7 @@ impl Engine {
             held: std::sync::Mutex::default(),
             fences: std::sync::Mutex::default(),
             producer_fenced: std::sync::atomic::AtomicBool::default(),
+            floor: std::sync::Mutex::default(),
         };
         let outcome = loop {
             let consumer = match subscribe() {

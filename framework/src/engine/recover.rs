@@ -208,6 +208,9 @@ pub(super) struct Resync<'a, R, N> {
     /// Set while a fenced producer waits for the grace and is not yet replaced: a fence
     /// of the consumer meanwhile means both were fenced, which only a successor does.
     pub(super) producer_fenced: std::sync::atomic::AtomicBool,
+    /// Per partition, where the last catch-up found it must go on from: a record below it
+    /// was processed and committed, and is never processed again.
+    pub(super) floor: Mutex<std::collections::BTreeMap<i32, i64>>,
 }
 
 /// The fences an instance took for its own (it made a new producer, or joined the group
@@ -350,6 +353,27 @@ async fn new_producer<P, N: Renew<P>>(renew: &N) -> Result<P> {
 }
 
 impl<R, N> Resync<'_, R, N> {
+    /// Drops from `records` those below the position catching up found for their
+    /// partition; returns how many.
+    pub(super) fn drop_committed(&self, records: &mut Vec<kafka::Record>) -> usize {
+        let floor = self.floor.lock().unwrap_or_else(|e| e.into_inner());
+        if floor.is_empty() {
+            return 0;
+        }
+        let before = records.len();
+        records.retain(|r| floor.get(&r.partition).is_none_or(|at| r.offset >= *at));
+        let dropped = before - records.len();
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                ?floor,
+                "records below where catching up found their partitions came again (the \
+                 consumer's position lagged the committed work); not processed again"
+            );
+        }
+        dropped
+    }
+
     /// Takes a fence for the instance's own, if the budget of [`Fences`] allows; `Err`
     /// (the instance stops) when it is spent.
     pub(super) fn allow_fence(&self, fence: &Error) -> Result<usize> {
@@ -598,14 +622,53 @@ impl<R: Restore, N> Resync<'_, R, N> {
         // At most once commits before it processes: the changelog lags the committed
         // offsets by design, so there is nothing to wait for.
         let must_reach = self.config.delivery != DeliveryMode::AtMostOnce;
-        for (partition, offset) in &committed {
+        let mut positions = Vec::with_capacity(committed.len());
+        for (partition, offset) in committed {
             self.stats.set_phase(Phase::Replaying);
             retry_transient("replay the changelog", || {
                 self.restore
-                    .restore(*partition, offset.filter(|_| must_reach))
+                    .restore(partition, offset.filter(|_| must_reach))
             })
             .await?;
+            positions.push((partition, self.go_on_from(partition, offset)?));
         }
-        Ok(committed)
+        Ok(positions)
+    }
+
+    /// Where `partition` goes on from, the group's committed offset read as `committed`:
+    /// there, unless the changelog just replayed shows a batch committed past it. The
+    /// changelog's progress commits in the same transaction as the offsets, so it is
+    /// never ahead of what committed; the offsets read may lag a commit whose outcome was
+    /// in doubt (seen after a killed coordinator). With no committed offset at all, the
+    /// group starts afresh (a new group, or an input made again) and nothing is skipped.
+    /// Exactly once only: at least once lands the changelog before it commits the offsets,
+    /// so its changelog may rightly be ahead, and the batch is processed again (that is
+    /// its guarantee); at most once commits the offsets first.
+    fn go_on_from(&self, partition: i32, committed: Option<i64>) -> Result<Option<i64>> {
+        let Some(committed) = committed else {
+            return Ok(None);
+        };
+        if self.config.delivery != DeliveryMode::ExactlyOnce {
+            return Ok(Some(committed));
+        }
+        let progress = self.restore.progress(partition)?;
+        let at = match progress {
+            Some(progress) if progress > committed => {
+                tracing::warn!(
+                    partition,
+                    committed,
+                    progress,
+                    "the changelog shows work committed past the group's committed offset \
+                     (a commit whose outcome was in doubt); going on after it"
+                );
+                progress
+            }
+            _ => committed,
+        };
+        self.floor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(partition, at);
+        Ok(Some(at))
     }
 }

@@ -93,6 +93,10 @@ pub(crate) trait Restore: Sync {
         partition: i32,
         committed: Option<i64>,
     ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Where the transaction log's progress of `partition` is: the input offset after the
+    /// last batch it holds (none: it holds none).
+    fn progress(&self, partition: i32) -> Result<Option<i64>>;
 }
 
 /// The producer of outputs, changelog records and dead letters, and, in exactly-once
@@ -221,6 +225,10 @@ impl Restore for ChangelogReplay<'_> {
             self.txlog,
             self.stats,
         )
+    }
+
+    fn progress(&self, partition: i32) -> Result<Option<i64>> {
+        self.txlog.progress(partition)
     }
 }
 

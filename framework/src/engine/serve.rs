@@ -73,6 +73,7 @@ where
             Ok(_) => {}
             Err(error) => break Err(error),
         }
+        resync.drop_committed(&mut polled.records);
         parts.stats.set_phase(Phase::Running);
         let span = tracing::info_span!("batch", records = polled.records.len());
         let one_by_one =
