@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::batch::Batch;
 use crate::engine::fake::{Call, FakeKafka, Kind, injected as kafka_error};
+use crate::engine::recover::Resync;
 use crate::engine::stats::Stats;
 use crate::kafka::Record;
 use crate::txlog::TxLog;
@@ -143,6 +144,19 @@ impl Rig {
 
     async fn run(&self, records: Vec<Record>) -> Result<()> {
         self.batch().run(&mut Summer::default(), records).await
+    }
+
+    /// Recovers from `error` as the engine does, with partition 0 assigned and the
+    /// calls so far cleared; returns the `Resync` it used, floors and all.
+    async fn recover(&self, error: &Error) -> Resync<'_, FakeKafka, FakeKafka> {
+        self.kafka.assign(&[0]);
+        self.kafka.clear_calls();
+        let resync = self.kafka.resync(&self.config, &self.stats);
+        let mut producer = self.kafka.clone();
+        crate::engine::recover::recover(&resync, &self.kafka, &mut producer, &[0].into(), error)
+            .await
+            .expect("recovered");
+        resync
     }
 
     /// The sums a `read_committed` reader of the output sees.
@@ -499,8 +513,6 @@ async fn a_record_failed_alone_is_dead_lettered_with_its_offset_in_its_own_trans
 /// changelog up to them and moves there, the batch's end; nothing is processed twice.
 #[tokio::test(start_paused = true)]
 async fn a_commit_whose_outcome_is_unknown_is_settled_by_the_committed_offsets() {
-    use crate::engine::recover::recover;
-
     let rig = Rig::new(DeliveryMode::ExactlyOnce);
     rig.kafka
         .fail_after_applying(Kind::Commit, 1, kafka_error(ErrorClass::Retriable));
@@ -508,13 +520,7 @@ async fn a_commit_whose_outcome_is_unknown_is_settled_by_the_committed_offsets()
     let error = failed.expect_err("the commit answered with an error");
     assert_eq!(rig.sums(), [1, 3], "and went through");
 
-    rig.kafka.assign(&[0]);
-    rig.kafka.clear_calls();
-    let resync = rig.kafka.resync(&rig.config, &rig.stats);
-    let mut producer = rig.kafka.clone();
-    recover(&resync, &rig.kafka, &mut producer, &[0].into(), &error)
-        .await
-        .expect("recovered");
+    rig.recover(&error).await;
     let calls = rig.kafka.calls();
     assert!(calls.contains(&Call::Restore(0, Some(2))), "{calls:?}");
     assert_eq!(
@@ -532,8 +538,6 @@ async fn a_commit_whose_outcome_is_unknown_is_settled_by_the_committed_offsets()
 /// `duplicates_skipped` failed whenever such a batch held a duplicate.
 #[tokio::test(start_paused = true)]
 async fn a_batch_that_went_through_after_all_is_counted_as_committed() {
-    use crate::engine::recover::recover;
-
     for went_through in [true, false] {
         let rig = Rig::new(DeliveryMode::ExactlyOnce);
         let failure = kafka_error(ErrorClass::Retriable);
@@ -545,12 +549,7 @@ async fn a_batch_that_went_through_after_all_is_counted_as_committed() {
         // "a" twice: the second is a duplicate.
         let records = vec![amount(0, "a", 1), amount(1, "a", 1), amount(2, "b", 2)];
         let error = rig.run(records).await.expect_err("the commit failed");
-        rig.kafka.assign(&[0]);
-        let resync = rig.kafka.resync(&rig.config, &rig.stats);
-        let mut producer = rig.kafka.clone();
-        recover(&resync, &rig.kafka, &mut producer, &[0].into(), &error)
-            .await
-            .expect("recovered");
+        rig.recover(&error).await;
         let s = rig.stats.snapshot();
         let counted = (
             s.records_in,
@@ -576,8 +575,6 @@ async fn a_batch_that_went_through_after_all_is_counted_as_committed() {
 /// shows where the batch ended: recovery goes on from there, and counts the batch.
 #[tokio::test(start_paused = true)]
 async fn a_commit_the_changelog_shows_is_gone_past_when_the_offsets_lag() {
-    use crate::engine::recover::recover;
-
     let rig = Rig::new(DeliveryMode::ExactlyOnce);
     rig.kafka
         .fail_after_applying(Kind::Commit, 1, kafka_error(ErrorClass::Retriable));
@@ -588,13 +585,7 @@ async fn a_commit_the_changelog_shows_is_gone_past_when_the_offsets_lag() {
     rig.kafka.committed_offset_reads(0, 0);
     rig.kafka.progress_after_replay(0, 2);
 
-    rig.kafka.assign(&[0]);
-    rig.kafka.clear_calls();
-    let resync = rig.kafka.resync(&rig.config, &rig.stats);
-    let mut producer = rig.kafka.clone();
-    recover(&resync, &rig.kafka, &mut producer, &[0].into(), &error)
-        .await
-        .expect("recovered");
+    let resync = rig.recover(&error).await;
     let calls = rig.kafka.calls();
     assert_eq!(
         calls.last(),
@@ -605,8 +596,39 @@ async fn a_commit_the_changelog_shows_is_gone_past_when_the_offsets_lag() {
     assert_eq!((s.outputs, s.commits, s.aborts), (2, 1, 0), "{s:?}");
     // What a lagging consumer brings from below that point is not processed again.
     let mut records = vec![amount(0, "a", 1), amount(1, "b", 2), amount(2, "c", 3)];
+    assert_eq!(resync.floors(), [0]);
     assert_eq!(resync.drop_committed(&mut records), 2);
     assert_eq!(records.iter().map(|r| r.offset).collect::<Vec<_>>(), [2]);
+    // Once the partition is past its floor, the polls that follow are not looked at.
+    assert!(resync.floors().is_empty(), "{:?}", resync.floors());
+}
+
+/// The floor a catch-up sets goes with its partition: a revoked partition's is forgotten
+/// (its next owner catches up and sets its own), so no poll after looks records up.
+#[tokio::test(start_paused = true)]
+async fn a_revoked_partition_forgets_its_floor() {
+    use crate::kafka::{Polled, Rebalanced};
+
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.run(vec![amount(0, "a", 1)]).await.expect("batch");
+    rig.kafka
+        .fail(Kind::Commit, None, 1, kafka_error(ErrorClass::Retriable));
+    let error = rig
+        .run(vec![amount(1, "b", 2)])
+        .await
+        .expect_err("the commit failed");
+    let resync = rig.recover(&error).await;
+    assert_eq!(resync.floors(), [0]);
+    let mut owned: BTreeSet<i32> = [0].into();
+    let mut polled = Polled {
+        records: vec![amount(1, "b", 2)],
+        rebalances: vec![Rebalanced::Revoked(vec![0])],
+    };
+    crate::engine::serve::follow_rebalances(&resync, &rig.kafka, &mut owned, &mut polled)
+        .await
+        .expect("followed");
+    assert!(owned.is_empty() && polled.records.is_empty());
+    assert!(resync.floors().is_empty(), "{:?}", resync.floors());
 }
 
 /// Issue 16, part 3: the processor emits to its declared name (`out`, what

@@ -354,14 +354,25 @@ async fn new_producer<P, N: Renew<P>>(renew: &N) -> Result<P> {
 
 impl<R, N> Resync<'_, R, N> {
     /// Drops from `records` those below the position catching up found for their
-    /// partition; returns how many.
+    /// partition; returns how many. A partition's floor is forgotten once a record at or
+    /// past it came (the consumer reads a partition in order, and only a seek, which
+    /// catches up again and sets the floor anew, moves it back), so after the first poll
+    /// that follows a catch-up this is one lock per poll and no look-up per record.
     pub(super) fn drop_committed(&self, records: &mut Vec<kafka::Record>) -> usize {
-        let floor = self.floor.lock().unwrap_or_else(|e| e.into_inner());
-        if floor.is_empty() {
+        let mut floor = self.floor.lock().unwrap_or_else(|e| e.into_inner());
+        if floor.is_empty() || records.is_empty() {
             return 0;
         }
         let before = records.len();
-        records.retain(|r| floor.get(&r.partition).is_none_or(|at| r.offset >= *at));
+        let mut past = BTreeSet::new();
+        records.retain(|r| match floor.get(&r.partition) {
+            Some(at) if r.offset < *at => false,
+            Some(_) => {
+                past.insert(r.partition);
+                true
+            }
+            None => true,
+        });
         let dropped = before - records.len();
         if dropped > 0 {
             tracing::warn!(
@@ -371,7 +382,24 @@ impl<R, N> Resync<'_, R, N> {
                  consumer's position lagged the committed work); not processed again"
             );
         }
+        floor.retain(|partition, _| !past.contains(partition));
         dropped
+    }
+
+    /// Forgets the floors of `partitions`, revoked: whoever owns them next catches up
+    /// and sets its own.
+    pub(super) fn forget_floors(&self, partitions: &[i32]) {
+        self.floor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|partition, _| !partitions.contains(partition));
+    }
+
+    /// The partitions with a floor still to pass (for tests).
+    #[cfg(test)]
+    pub(super) fn floors(&self) -> Vec<i32> {
+        let floor = self.floor.lock().unwrap_or_else(|e| e.into_inner());
+        floor.keys().copied().collect()
     }
 
     /// Takes a fence for the instance's own, if the budget of [`Fences`] allows; `Err`

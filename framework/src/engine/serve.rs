@@ -206,6 +206,7 @@ pub(super) async fn follow_rebalances<C: Source, R: Restore, N>(
             Rebalanced::Revoked(partitions) => {
                 owned.retain(|p| !partitions.contains(p));
                 assigned.retain(|p| !partitions.contains(p));
+                resync.forget_floors(&partitions);
                 polled
                     .records
                     .retain(|r| !partitions.contains(&r.partition));
