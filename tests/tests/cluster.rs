@@ -11,6 +11,13 @@
 //!   peers, an instance cut off the network (CI's size; `--features soak` for the full one);
 //! - a frozen instance that wakes as a zombie.
 //!
+//! The first test's events are a third without an event ID the engine sees, so a batch
+//! processed again shows as doubled outputs, not as dedup's skips. That is how it failed
+//! one run in seven: a killed transaction coordinator left a commit in doubt that went
+//! through, the group's offsets still read the batch's start, and its records came again
+//! (dedup skipped them then; events without an ID would have been doubled). Recovery now
+//! goes on from the changelog's progress, committed in the same transaction.
+//!
 //! The first test's history: the stall (or a killed node that coordinated the group) made librdkafka fence the
 //! instance's own static member: the session expired, the member rejoined under the same
 //! `group.instance.id`, and a request with the old member ID was answered
@@ -90,9 +97,20 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     // Reads the outputs while the faults happen.
     let watcher = Watcher::start(op.kafka, &op.output, 3);
 
-    let events = sum::amounts(0, 6_000, 30);
-    // 5% sent again with the same event ID.
-    let again: Vec<Amount> = events.iter().step_by(20).cloned().collect();
+    // A third of the events carry no event ID the engine sees: only offsets keep them
+    // from being processed twice, so a batch handled again after a commit that went
+    // through doubles their outputs and sums (dedup would hide it for the others).
+    let mut events = sum::amounts(0, 6_000, 30);
+    for event in events.iter_mut().skip(1).step_by(3) {
+        event.anonymous = true;
+    }
+    // 5% of those with an ID sent again with the same event ID.
+    let again: Vec<Amount> = events
+        .iter()
+        .filter(|event| !event.anonymous)
+        .step_by(20)
+        .cloned()
+        .collect();
     sum::produce(op.kafka, &op.input, &events).await?;
     sum::produce(op.kafka, &op.input, &again).await?;
 
@@ -158,9 +176,14 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
 
     check_exactly_once(&op, &events, watcher).await?;
     let snapshot = stats.snapshot();
+    // Whether a commit in doubt was gone past (`already_committed`, `replayed_records`).
+    eprintln!("counters: {snapshot:?}");
     assert_eq!(
-        snapshot.duplicates_skipped,
-        again.len() as u64,
+        (snapshot.duplicates_skipped, snapshot.without_event_id),
+        (
+            again.len() as u64,
+            events.iter().filter(|event| event.anonymous).count() as u64
+        ),
         "{snapshot:?}"
     );
     // Item 11 of the holes issue: onceflow's own topics take the broker's default

@@ -43,6 +43,7 @@ fn amount(id: Option<&str>, key: &str, amount: i64) -> Amount {
         id: id.map(str::to_owned),
         key: key.into(),
         amount,
+        anonymous: false,
     }
 }
 

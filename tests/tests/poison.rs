@@ -346,6 +346,7 @@ async fn a_required_event_id_that_is_missing_or_empty_is_dead_lettered() -> Test
             id: None,
             key: "k".into(),
             amount: i,
+            anonymous: false,
         })
         .expect("json")
     };

@@ -598,6 +598,7 @@ async fn a_commit_the_changelog_shows_is_gone_past_when_the_offsets_lag() {
     let mut records = vec![amount(0, "a", 1), amount(1, "b", 2), amount(2, "c", 3)];
     assert_eq!(resync.floors(), [0]);
     assert_eq!(resync.drop_committed(&mut records), 2);
+    assert_eq!(rig.stats.snapshot().already_committed, 2);
     assert_eq!(records.iter().map(|r| r.offset).collect::<Vec<_>>(), [2]);
     // Once the partition is past its floor, the polls that follow are not looked at.
     assert!(resync.floors().is_empty(), "{:?}", resync.floors());

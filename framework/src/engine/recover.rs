@@ -375,6 +375,7 @@ impl<R, N> Resync<'_, R, N> {
         });
         let dropped = before - records.len();
         if dropped > 0 {
+            Stats::add(&self.stats.already_committed, dropped as u64);
             tracing::warn!(
                 dropped,
                 ?floor,

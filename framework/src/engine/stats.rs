@@ -18,6 +18,7 @@ pub struct Stats {
     pub(crate) without_event_id: AtomicU64,
     pub(crate) assignments: AtomicU64,
     pub(crate) timers_fired: AtomicU64,
+    pub(crate) already_committed: AtomicU64,
     phase: AtomicU8,
     /// The batch being committed: counted when it commits, or when recovery settles
     /// whether its failed commit went through ([`Stats::settle`]).
@@ -94,6 +95,10 @@ pub struct StatsSnapshot {
     pub assignments: u64,
     /// Timers that fired ([`crate::Processor::on_timer`]), in committed batches.
     pub timers_fired: u64,
+    /// Records polled again from below where catching up found their partition must go
+    /// on from (the changelog shows them committed; the consumer's position lagged),
+    /// dropped without being processed. Exactly-once mode only.
+    pub already_committed: u64,
 }
 
 impl Stats {
@@ -113,6 +118,7 @@ impl Stats {
             without_event_id: get(&self.without_event_id),
             assignments: get(&self.assignments),
             timers_fired: get(&self.timers_fired),
+            already_committed: get(&self.already_committed),
         }
     }
 

@@ -123,6 +123,10 @@ fn render(stats: &Stats, handle: &PrometheusHandle) -> String {
         ("onceflow_expired_entries_total", s.expired_entries),
         ("onceflow_assignments_total", s.assignments),
         ("onceflow_timers_fired_total", s.timers_fired),
+        (
+            "onceflow_already_committed_records_total",
+            s.already_committed,
+        ),
     ] {
         metrics::counter!(name).absolute(value);
     }
@@ -183,6 +187,11 @@ fn describe() {
     describe_counter!(
         "onceflow_timers_fired_total",
         "Timers fired (Processor::on_timer), in committed batches"
+    );
+    describe_counter!(
+        "onceflow_already_committed_records_total",
+        "Records polled again from below what the changelog shows committed, dropped \
+         unprocessed (exactly-once)"
     );
     describe_counter!(
         "onceflow_late_records_total",
