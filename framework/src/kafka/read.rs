@@ -67,9 +67,16 @@ pub(crate) async fn read_to_end(
             match consumer.poll(Duration::from_millis(100)) {
                 None => {}
                 Some(Ok(message)) => records.push(to_record(&message)),
-                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                // An end is reported against the offsets of the fetch that saw it, which
+                // may be older than now (the replay lost a key's state to an early one,
+                // `replay::standing`): believed only once the position reaches the end
+                // asked for again, else the read goes on.
+                Some(Err(KafkaError::PartitionEOF(partition)))
+                    if reached_end(&consumer, &topic, partition, timeout)? =>
+                {
                     not_at_end.remove(&partition);
                 }
+                Some(Err(KafkaError::PartitionEOF(_))) => {}
                 Some(Err(error)) => {
                     // Connections come back by themselves (a broker restarting, a network
                     // blip): keep polling until the deadline rather than fail at once.
@@ -85,6 +92,32 @@ pub(crate) async fn read_to_end(
         Ok(records)
     })
     .await
+}
+
+/// Whether `consumer`'s position on `partition` is at the end its isolation sees now
+/// (the last stable offset under `read_committed`, the high watermark otherwise).
+fn reached_end<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+    timeout: Duration,
+) -> Result<bool> {
+    let what = || format!("read `{topic}` [{partition}] to its end");
+    let (_, end) = consumer
+        .fetch_watermarks(topic, partition, timeout)
+        .map_err(|e| kafka_error(what(), e))?;
+    let position = consumer
+        .position()
+        .map_err(|e| kafka_error(what(), e))?
+        .find_partition(topic, partition)
+        .map(|element| element.offset());
+    Ok(match position {
+        Some(Offset::Offset(at)) => {
+            super::replay::standing(true, at, end) == super::replay::Standing::AtTheEnd
+        }
+        // No position to compare (none fetched yet): the end is believed, as before.
+        _ => true,
+    })
 }
 
 /// The offsets `group` has committed for each partition of `topic` (`None`: nothing
@@ -134,6 +167,45 @@ pub(crate) async fn committed_offsets(
                 (element.partition(), offset)
             })
             .collect())
+    })
+    .await
+}
+
+/// Each partition of `topic` with its last stable offset and high watermark as of now.
+/// A last stable offset below the high watermark that stays there means a transaction is
+/// open on the partition, or hanging (never to be ended): every `read_committed` reader
+/// stops at it.
+pub(crate) async fn stable_ends(
+    options: &ClientOptions,
+    topic: &str,
+    timeout: Duration,
+) -> Result<BTreeMap<i32, (i64, i64)>> {
+    let operation = format!("read the ends of `{topic}`");
+    let reader = |isolation: Isolation| -> Result<BaseConsumer<super::replay::Reader>> {
+        options
+            .config(&[
+                ("group.id", "onceflow-reader"),
+                ("enable.auto.commit", "false"),
+                ("isolation.level", isolation.as_config()),
+            ])
+            .create_with_context(super::replay::Reader)
+            .map_err(|e| kafka_error(&operation, e))
+    };
+    let committed = reader(Isolation::ReadCommitted)?;
+    let uncommitted = reader(Isolation::ReadUncommitted)?;
+    let topic = topic.to_owned();
+    blocking(&operation.clone(), move || {
+        let mut ends = BTreeMap::new();
+        for partition in partitions_of(&committed, &topic, timeout)? {
+            let (_, stable) = committed
+                .fetch_watermarks(&topic, partition, timeout)
+                .map_err(|e| kafka_error(&operation, e))?;
+            let (_, high) = uncommitted
+                .fetch_watermarks(&topic, partition, timeout)
+                .map_err(|e| kafka_error(&operation, e))?;
+            ends.insert(partition, (stable, high));
+        }
+        Ok(ends)
     })
     .await
 }

@@ -287,14 +287,14 @@ pub(crate) fn read_partition(
 /// end the position is the last stable offset, commit markers and aborted records
 /// included, so `next < stable` means records are left.
 #[derive(Debug, PartialEq, Eq)]
-enum Standing {
+pub(super) enum Standing {
     /// Records are left: read on. `early_end`: an end was reported anyway.
     ReadOn { early_end: bool },
     /// At the end the reader sees: ask whether it is enough.
     AtTheEnd,
 }
 
-fn standing(at_end: bool, next: i64, stable: i64) -> Standing {
+pub(super) fn standing(at_end: bool, next: i64, stable: i64) -> Standing {
     if next < stable {
         Standing::ReadOn { early_end: at_end }
     } else {
