@@ -201,6 +201,8 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         metrics::histogram!("onceflow_batch_records").record(records.len() as f64);
         tracing::debug!(
             records = records.len(),
+            from = ?first_offsets(records),
+            to = ?next_offsets,
             outputs,
             duplicates = part.duplicates,
             handle_ms = stages.handle.as_secs_f64() * 1e3,
@@ -266,6 +268,15 @@ impl Stages {
         };
         self.timed[slot] = took * 1e3;
     }
+}
+
+/// The offset of the first record of each partition (for the batch's debug event).
+fn first_offsets(records: &[kafka::Record]) -> Vec<(i32, i64)> {
+    let mut first = BTreeMap::new();
+    for record in records {
+        first.entry(record.partition).or_insert(record.offset);
+    }
+    first.into_iter().collect()
 }
 
 /// The offset after the last record of each partition: what the group commits.

@@ -283,6 +283,7 @@ where
         let assigned = consumer.assigned().await?;
         committed.retain(|(partition, _)| assigned.contains(partition));
     }
+    tracing::info!(positions = ?committed, "moving the partitions to where catching up found them");
     retry_transient("seek to the committed offsets", || {
         consumer.seek(committed.clone())
     })

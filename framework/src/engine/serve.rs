@@ -214,7 +214,8 @@ pub(super) async fn follow_rebalances<C: Source, R: Restore, N>(
             Rebalanced::Assigned(partitions) => {
                 Stats::add(&resync.stats.assignments, 1);
                 resync.stats.set_phase(Phase::Replaying);
-                resync.catch_up(consumer, &partitions).await?;
+                let from = resync.catch_up(consumer, &partitions).await?;
+                tracing::info!(positions = ?from, "caught up the partitions assigned");
                 assigned.extend(partitions.iter().copied());
                 owned.extend(partitions);
                 let held = resync.take_held();
