@@ -258,10 +258,24 @@ pub fn env(name: &str) -> String {
 }
 
 /// For the test binaries run as children: logs to standard error at `RUST_LOG`, or
-/// `onceflow=info`.
+/// `onceflow=info`, each line led by the instance ID (`SUM_INSTANCE`), so the log of a
+/// test running two instances tells them apart.
 pub fn init_logs() {
+    /// The time of each line, after the instance it comes from.
+    struct Named(String);
+    impl tracing_subscriber::fmt::time::FormatTime for Named {
+        fn format_time(
+            &self,
+            w: &mut tracing_subscriber::fmt::format::Writer<'_>,
+        ) -> std::fmt::Result {
+            write!(w, "[{}] ", self.0)?;
+            tracing_subscriber::fmt::time::SystemTime.format_time(w)
+        }
+    }
+    let name = std::env::var("SUM_INSTANCE").unwrap_or_else(|_| "-".into());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_timer(Named(name))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "onceflow=info".into()),

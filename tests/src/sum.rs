@@ -313,21 +313,50 @@ pub async fn explain_missing(
         .filter_map(|id| written.get(*id).map(|at| (*id, *at)))
         .take(10)
         .collect();
-    let ends: BTreeMap<i32, i64> = kafka
+    let written_in = kafka
         .read_to_end(input, Isolation::ReadUncommitted)
         .await
-        .map(|records| {
-            records
-                .iter()
-                .map(|r| (r.partition, r.offset + 1))
-                .collect()
-        })
         .unwrap_or_default();
+    let ends: BTreeMap<i32, i64> = written_in
+        .iter()
+        .map(|r| (r.partition, r.offset + 1))
+        .collect();
+    // Where each missing event sits in the input (every copy), to match with the log.
+    let wanted: BTreeSet<&str> = missing.iter().copied().collect();
+    let mut input_at: BTreeMap<&str, Vec<(i32, i64)>> = BTreeMap::new();
+    for record in &written_in {
+        let Some(event) = record
+            .value
+            .as_deref()
+            .and_then(|v| serde_json::from_slice::<Amount>(v).ok())
+        else {
+            continue;
+        };
+        if let Some(id) = event.id.as_deref().and_then(|id| wanted.get(id)) {
+            input_at
+                .entry(*id)
+                .or_default()
+                .push((record.partition, record.offset));
+        }
+    }
+    let input_at: Vec<(&str, Vec<(i32, i64)>)> = missing
+        .iter()
+        .take(10)
+        .map(|id| (*id, input_at.get(id).cloned().unwrap_or_default()))
+        .collect();
     let offsets = kafka.committed_offsets(group, input).await;
+    // A last stable offset held below the high watermark hides every output after it
+    // from a `read_committed` reader, this test's included.
+    let output_ends = match kafka.stable_ends(output).await {
+        Ok(ends) => format!("{ends:?}"),
+        Err(error) => format!("(could not read them: {error})"),
+    };
     format!(
-        "{} events without a committed output (first: {:?}); of those written but not \
-         committed (partition, offset): {uncommitted:?}; the group's committed offsets \
-         {offsets:?}, the input's ends {ends:?}",
+        "{} events without a committed output (first: {:?}); in the input at (partition, \
+         offset): {input_at:?}; of those written but not committed (last written at \
+         (partition, offset)): {uncommitted:?}; the group's committed offsets {offsets:?}, \
+         the input's ends {ends:?}; the output's (last stable offset, high watermark) per \
+         partition: {output_ends}",
         missing.len(),
         &missing[..missing.len().min(10)]
     )

@@ -162,6 +162,13 @@ impl Kafka {
         client::read_to_end(&self.options, topic, isolation, DEFAULT_TIMEOUT).await
     }
 
+    /// Each partition of `topic` with its last stable offset and high watermark: one
+    /// whose last stable offset stays below its high watermark has a transaction open
+    /// (or hanging) that every `read_committed` reader stops at.
+    pub async fn stable_ends(&self, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>> {
+        client::stable_ends(&self.options, topic, DEFAULT_TIMEOUT).await
+    }
+
     /// The offsets `group` has committed on each partition of `topic`.
     pub async fn committed_offsets(
         &self,
