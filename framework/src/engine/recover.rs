@@ -669,8 +669,13 @@ impl<R: Restore, N> Resync<'_, R, N> {
     /// there, unless the changelog just replayed shows a batch committed past it. The
     /// changelog's progress commits in the same transaction as the offsets, so it is
     /// never ahead of what committed; the offsets read may lag a commit whose outcome was
-    /// in doubt (seen after a killed coordinator). With no committed offset at all, the
-    /// group starts afresh (a new group, or an input made again) and nothing is skipped.
+    /// in doubt (seen after a killed coordinator). They are read before the replay, so a
+    /// replay that outlasts the session (the instance cut off the network while catching
+    /// up, seen in the cut soak test) also sees the commits of the partition's new owner:
+    /// the instance is a zombie for it then (the group's generation check refuses its
+    /// offsets, KIP-447), and the revocation its next poll serves forgets the floor. With
+    /// no committed offset at all, the group starts afresh (a new group, or an input made
+    /// again) and nothing is skipped.
     /// Exactly once only: at least once lands the changelog before it commits the offsets,
     /// so its changelog may rightly be ahead, and the batch is processed again (that is
     /// its guarantee); at most once commits the offsets first.
@@ -689,7 +694,8 @@ impl<R: Restore, N> Resync<'_, R, N> {
                     committed,
                     progress,
                     "the changelog shows work committed past the group's committed offset \
-                     (a commit whose outcome was in doubt); going on after it"
+                     read before the replay (a commit whose outcome was in doubt, or the \
+                     commits of a new owner while the replay ran); going on after it"
                 );
                 progress
             }
