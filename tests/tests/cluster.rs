@@ -516,6 +516,25 @@ async fn run_matrix(
     }
     cluster.heal().await?;
     done?;
+    // With both instances stopped, no transaction of theirs may stay open on the outputs
+    // or the changelog: one that does (hanging) stops every `read_committed` reader there
+    // for good. A zombie's is ended by its coordinator within the transaction timeout.
+    for topic in [op.output.clone(), format!("{}-txlog", op.group)] {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let ends = op.kafka.stable_ends(&topic).await?;
+            let open: Vec<_> = ends.iter().filter(|(_, (lso, hw))| lso < hw).collect();
+            if open.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "transactions still open on `{topic}` 90 s after both instances stopped \
+                 (partition, (last stable offset, high watermark)): {open:?}"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
     eprintln!(
         "matrix: {count} events, {} faults in {:?}",
         faults.len(),
