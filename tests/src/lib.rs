@@ -66,6 +66,18 @@ pub fn group_consumer(kafka: &Kafka, group: &str, topic: &str, count: usize) -> 
     consumer
 }
 
+/// Sends the warnings of engines run inside the test (at `RUST_LOG`, or `onceflow=warn`) to
+/// the test's captured output, so a failing test prints them. Once per test binary.
+pub fn test_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "onceflow=warn".into()),
+        )
+        .try_init();
+}
+
 /// `n` distinct values `prefix-0` … `prefix-(n-1)`.
 pub fn values(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()

@@ -84,13 +84,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_and_a_stall()
 -> Result<(), Box<dyn std::error::Error>> {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "onceflow=warn".into()),
-        )
-        .try_init();
+    onceflow_e2e::test_logs();
     let cluster: &'static Cluster = onceflow::testkit::cluster().await;
     eprintln!("three-node cluster started in {:?}", cluster.started_in);
     let op = Operator::on(cluster.kafka(), "cluster", 3).await?;

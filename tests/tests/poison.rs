@@ -24,14 +24,7 @@ impl std::ops::Deref for Setup {
 }
 
 async fn setup(name: &str, partitions: i32) -> Result<Setup, Box<dyn std::error::Error>> {
-    // The in-process engines' warnings, in the output of the test that fails.
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "onceflow=warn".into()),
-        )
-        .try_init();
+    onceflow_e2e::test_logs();
     Ok(Setup(Operator::new(name, partitions).await?))
 }
 
