@@ -55,7 +55,7 @@ pub(crate) fn decode(
     Change::decode(
         key.unwrap_or_default(),
         value,
-        &format!("changelog record {changelog}/{partition}@{offset}"),
+        format_args!("changelog record {changelog}/{partition}@{offset}"),
     )
 }
 
@@ -129,18 +129,17 @@ pub(crate) async fn replay(
         let started = std::time::Instant::now();
         let mut replayed = 0u64;
         let remaining = metrics::gauge!("onceflow_replay_remaining_records", "partition" => partition.to_string());
-        let mut apply = |records: Vec<kafka::Record>, end: i64| -> Result<()> {
+        let mut apply = |changes: Vec<Change>, next: i64, end: i64| -> Result<()> {
             crate::engine::crash_point!("onceflow-during-replay");
-            let Some(last) = records.last().map(|r| r.offset) else { return Ok(()) };
-            let changes = records
-                .iter()
-                .map(|r| decode(&changelog, partition, r.offset, r.key.as_deref(), r.value.as_deref()))
-                .collect::<Result<Vec<_>>>()?;
-            txlog.apply(&[(partition, changes, Some(last + 1))])?;
-            replayed += records.len() as u64;
-            Stats::add(&stats.replayed_records, records.len() as u64);
-            remaining.set((end - last - 1).max(0) as f64);
-            tracing::info!(partition, replayed, at = last + 1, end, "replaying the changelog");
+            if changes.is_empty() {
+                return Ok(());
+            }
+            let count = changes.len() as u64;
+            txlog.apply(&[(partition, changes, Some(next))])?;
+            replayed += count;
+            Stats::add(&stats.replayed_records, count);
+            remaining.set((end - next).max(0) as f64);
+            tracing::info!(partition, replayed, at = next, end, "replaying the changelog");
             Ok(())
         };
         let mut reached = || -> Result<bool> {
@@ -149,7 +148,7 @@ pub(crate) async fn replay(
                 Some(committed) => txlog.progress(partition)?.is_some_and(|at| at >= committed),
             })
         };
-        let mut read = |from: Option<i64>, apply: &mut dyn FnMut(Vec<kafka::Record>, i64) -> Result<()>| {
+        let mut read = |from: Option<i64>, apply: &mut dyn FnMut(Vec<Change>, i64, i64) -> Result<()>| {
             kafka::read_partition(
                 &options,
                 &changelog,
@@ -162,10 +161,11 @@ pub(crate) async fn replay(
                     wait,
                     on_wait: &|| stats.set_phase(Phase::WaitingForTransaction),
                 },
+                |offset, key, value| decode(&changelog, partition, offset, key, value),
                 apply,
             )
         };
-        let mut pass = |apply: &mut dyn FnMut(Vec<kafka::Record>, i64) -> Result<()>| -> Result<(i64, bool)> {
+        let mut pass = |apply: &mut dyn FnMut(Vec<Change>, i64, i64) -> Result<()>| -> Result<(i64, bool)> {
             match read(txlog.checkpoint(partition)?, apply)? {
                 ReadEnd::PastEnd {
                     checkpoint,

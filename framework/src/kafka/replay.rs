@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::{ClientOptions, Record, known_topic_error, types::to_record};
 use crate::{Error, Result};
@@ -71,14 +71,17 @@ pub(crate) enum ReadEnd {
 }
 
 /// Reads `topic` [`partition`] under `read_committed` from `from` (the beginning when
-/// `None`), handing records to `apply` in chunks of at most `chunk` records together with
-/// the partition's high watermark (for progress), until `until` says it has enough or the
-/// partition has nothing more to give. Blocking: call it inside [`super::blocking`].
+/// `None`), turning each record into a `T` with `decode` (its offset, key and value,
+/// borrowed from librdkafka's buffer: a replay of millions of records copies nothing it
+/// does not keep) and handing them to `apply` in chunks of at most `chunk`, together with
+/// the offset after the chunk's last record and the partition's high watermark (for
+/// progress), until `until` says it has enough or the partition has nothing more to give.
+/// Blocking: call it inside [`super::blocking`].
 #[allow(
     clippy::too_many_arguments,
     reason = "one call site, each argument named there"
 )]
-pub(crate) fn read_partition(
+pub(crate) fn read_partition<T>(
     options: &ClientOptions,
     topic: &str,
     partition: i32,
@@ -86,7 +89,8 @@ pub(crate) fn read_partition(
     chunk: usize,
     timeout: Duration,
     until: Until<'_>,
-    mut apply: impl FnMut(Vec<Record>, i64) -> Result<()>,
+    mut decode: impl FnMut(i64, Option<&[u8]>, Option<&[u8]>) -> Result<T>,
+    mut apply: impl FnMut(Vec<T>, i64, i64) -> Result<()>,
 ) -> Result<ReadEnd> {
     let operation = format!("replay `{topic}` [{partition}]");
     // librdkafka needs a group to assign partitions, though this reader commits nothing.
@@ -161,13 +165,13 @@ pub(crate) fn read_partition(
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
             Some(Ok(message)) => {
-                let record = to_record(&message);
-                next = record.offset + 1;
-                pending.push(record);
+                let offset = message.offset();
+                pending.push(decode(offset, message.key(), message.payload())?);
+                next = offset + 1;
                 read_since = true;
                 at_end = false;
                 if pending.len() >= chunk {
-                    apply(std::mem::take(&mut pending), high)?;
+                    apply(std::mem::take(&mut pending), next, high)?;
                 }
                 continue;
             }
@@ -193,7 +197,9 @@ pub(crate) fn read_partition(
         }
         last_check = Instant::now();
         if !pending.is_empty() {
-            apply(std::mem::take(&mut pending), high)?;
+            // `next` is still the offset after the last record: the position moves it
+            // past commit markers only below.
+            apply(std::mem::take(&mut pending), next, high)?;
         }
         // The position after the end may lie past the last record (commit markers).
         if let Ok(position) = consumer.position()

@@ -6,6 +6,8 @@
 //! changelog partition). Whatever compaction keeps, the last record per key, is then
 //! exactly what applying every record in order would have left.
 
+use std::fmt;
+
 use crate::{Error, Result};
 
 /// Key prefix of dedup entries (`Processed` and `Expired`).
@@ -98,8 +100,14 @@ impl Change {
         EVENT_PREFIX.len() + id.len() + PROCESSED_LEN
     }
 
-    /// Inverse of `encode`. `what` names the record for errors (e.g. "changelog record orders-txlog/2@118").
-    pub(crate) fn decode(key: &[u8], value: Option<&[u8]>, what: &str) -> Result<Change> {
+    /// Inverse of `encode`. `what` names the record for errors (e.g. "changelog record
+    /// orders-txlog/2@118"); it is formatted only when the record is malformed, so a replay
+    /// of millions of records pays for no name it does not print.
+    pub(crate) fn decode(
+        key: &[u8],
+        value: Option<&[u8]>,
+        what: impl fmt::Display,
+    ) -> Result<Change> {
         let corrupt = |message: String| Error::Corrupt {
             what: what.to_string(),
             message,
