@@ -24,7 +24,7 @@ use crate::{Error, Result};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
 /// Changelog records applied to redb per write transaction while replaying.
-const REPLAY_CHUNK: usize = 2_000;
+const REPLAY_CHUNK: usize = 10_000;
 /// Pauses before reading again a changelog whose read ended short of the committed offset.
 const REREAD_PAUSES_MS: [u64; 3] = [500, 1_000, 2_000];
 
