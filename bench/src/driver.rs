@@ -9,6 +9,8 @@
 //!   offered load at R ev/s for S s ─► latency = visible − sent, per output (hdrhistogram),
 //!        and its two parts: sent → handler, handler → visible
 //!   kill the contender
+//!   (a contender still short of N outputs at the run timeout: its rate over the outputs
+//!    it made, marked unfinished, no latency phase; the caller decides what that means)
 //!
 //!  restore (onceflow exactly-once): one partition of N event IDs over K keys processed,
 //!   the instance killed ─► a new one on an empty state directory: start → partition
@@ -172,6 +174,21 @@ pub struct RunResult {
     /// Streams' `-changelog`) by the end of the throughput phase; None for a contender
     /// without one.
     pub changelog: Option<Volume>,
+    /// Set when the throughput phase ran out of time before every output was seen: the
+    /// figures are of the outputs it did make, and there was no latency phase (its
+    /// backlog would be in every latency).
+    pub unfinished: Option<Unfinished>,
+}
+
+/// How far a throughput phase that ran out of time got.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unfinished {
+    /// Outputs seen.
+    pub seen: u64,
+    /// Outputs expected.
+    pub expected: u64,
+    /// How long it had.
+    pub patience: Duration,
 }
 
 /// Records and bytes of a set of topics, as a `read_committed` reader sees them.
@@ -279,22 +296,39 @@ pub async fn run_once(
     // CPU from the first output on, so that start-up (a JVM's above all) is not counted
     // per event.
     let mut at_first_output: Option<(u64, Usage)> = None;
-    watch.collect('t', expected, env.run_timeout, |out, contender| {
+    let collected = watch.collect_or_cut('t', expected, env.run_timeout, |out, contender| {
         seen += 1;
         if at_first_output.is_none() {
             at_first_output = Some((seen, contender.usage()));
         }
         first_processed = first_processed.min(out.processed_us);
         last_visible = last_visible.max(out.visible_us);
-    })?;
+    });
+    // A contender too slow for the run timeout is measured on what it did; one that
+    // exited, or made nothing to measure, has failed.
+    let unfinished = match collected {
+        Ok(()) => None,
+        Err(cut) if cut.timed_out && seen >= 2 => Some(Unfinished {
+            seen,
+            expected,
+            patience: env.run_timeout,
+        }),
+        Err(cut) => return Err(cut.message),
+    };
     let usage = watch.contender.usage();
     let produced = match generator {
         Some(generator) => generator.done().await.map_err(|e| format!("load: {e}"))?,
         None => produced,
     };
     let seconds = ((last_visible - first_processed) as f64 / 1e6).max(1e-6);
+    // The events the outputs seen stand for (with duplicate IDs, fewer outputs than
+    // events are expected).
+    let events = match &unfinished {
+        None => settings.events,
+        Some(cut) => (settings.events as f64 * cut.seen as f64 / expected.max(1) as f64) as u64,
+    };
     let mut result = RunResult {
-        throughput: settings.events as f64 / seconds,
+        throughput: events as f64 / seconds,
         generator_rate: produced.rate(),
         latency_ms: None,
         latency_parts_ms: None,
@@ -303,7 +337,16 @@ pub async fn run_once(
             (usage.cpu_seconds - at.cpu_seconds) * 1e6 / (seen - from).max(1) as f64
         }),
         changelog: None,
+        unfinished,
     };
+    if result.unfinished.is_some() {
+        let Watch { contender, .. } = watch;
+        drop(contender);
+        reader.stop();
+        drop(state);
+        delete_topics(&brokers, &name).await;
+        return Ok(result);
+    }
     bar.set_message(format!("{}: changelog volume", settings.system.id()));
     result.changelog = changelog_volume(&brokers, &name, env.run_timeout)?;
 
@@ -391,8 +434,20 @@ impl Watch<'_> {
         phase: char,
         expected: u64,
         patience: Duration,
-        mut seen: impl FnMut(&Seen, &Contender),
+        seen: impl FnMut(&Seen, &Contender),
     ) -> Result<(), String> {
+        self.collect_or_cut(phase, expected, patience, seen)
+            .map_err(|cut| cut.message)
+    }
+
+    /// [`Watch::collect`], telling a contender that ran out of time from one that stopped.
+    fn collect_or_cut(
+        &mut self,
+        phase: char,
+        expected: u64,
+        patience: Duration,
+        mut seen: impl FnMut(&Seen, &Contender),
+    ) -> Result<(), Cut> {
         let deadline = Instant::now() + patience;
         self.bar.set_length(expected);
         self.bar.set_position(0);
@@ -408,28 +463,42 @@ impl Watch<'_> {
                 }
                 Ok(_) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err("the output reader stopped".into());
+                    return Err(Cut {
+                        message: "the output reader stopped".into(),
+                        timed_out: false,
+                    });
                 }
             }
-            let problem = if !self.contender.alive() {
-                "exited"
+            let (problem, timed_out) = if !self.contender.alive() {
+                ("exited", false)
             } else if Instant::now() > deadline {
-                "ran out of time"
+                ("ran out of time", true)
             } else {
                 continue;
             };
             let text = std::fs::read_to_string(self.log).unwrap_or_default();
             let start = text.floor_char_boundary(text.len().saturating_sub(3000));
-            return Err(format!(
-                "{} {problem} after {count} of {expected} outputs ({phase}); log {}:\n{}",
-                self.what,
-                self.log.display(),
-                &text[start..]
-            ));
+            return Err(Cut {
+                message: format!(
+                    "{} {problem} after {count} of {expected} outputs ({phase}); log {}:\n{}",
+                    self.what,
+                    self.log.display(),
+                    &text[start..]
+                ),
+                timed_out,
+            });
         }
         self.bar.set_position(count);
         Ok(())
     }
+}
+
+/// Why [`Watch::collect_or_cut`] stopped short.
+struct Cut {
+    /// What happened, with the contender's log.
+    message: String,
+    /// The patience ran out while the contender still ran.
+    timed_out: bool,
 }
 
 /// Deletes every topic whose name starts with `prefix` (the run's input, output,

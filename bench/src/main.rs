@@ -476,6 +476,7 @@ async fn report(mut args: ReportArgs) -> Result<(), String> {
             system: peer.system,
             what: peer.what.to_owned(),
             problem,
+            unfinished: None,
         });
     }
     args.contenders.retain(|system| {
@@ -509,10 +510,12 @@ async fn report(mut args: ReportArgs) -> Result<(), String> {
         progress
             .overall
             .set_message(format!("{} {} {}", run.section, run.point, system.id()));
+        // A peer that failed is left out; one that ran out of time is run once, as each
+        // further run would take the whole run timeout again.
         let failed_peer = |notes: &[report::PeerNote]| {
-            notes
-                .iter()
-                .any(|note| note.system == system && note.problem.is_some())
+            notes.iter().any(|note| {
+                note.system == system && (note.problem.is_some() || note.unfinished.is_some())
+            })
         };
         if failed_peer(&peer_notes) {
             progress.overall.inc(1);
@@ -532,6 +535,21 @@ async fn report(mut args: ReportArgs) -> Result<(), String> {
             }
             Err(why) => return Err(why),
         };
+        if let Some(cut) = &result.unfinished {
+            let why = format!(
+                "{} ran out of time after {} of {} outputs ({} s)",
+                system.id(),
+                cut.seen,
+                cut.expected,
+                cut.patience.as_secs()
+            );
+            let Some(note) = peer_notes.iter_mut().find(|note| note.system == system) else {
+                // onceflow and the other contenders finish, or the report is wrong.
+                return Err(why);
+            };
+            eprintln!("{why}: measured on the outputs it made, run once");
+            note.unfinished = Some(cut.clone());
+        }
         measured.push(Measured {
             section: run.section,
             point: run.point,
