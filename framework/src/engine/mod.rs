@@ -231,6 +231,7 @@ impl Engine {
                 &config.instance_id,
                 &config.input_topic,
                 Isolation::ReadCommitted,
+                config.max_batch_records,
             )
         };
         let changelog = config.changelog_topic();

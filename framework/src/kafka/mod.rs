@@ -124,10 +124,23 @@ impl ClientOptions {
     /// A librdkafka configuration with the bootstrap servers, the pass-through
     /// properties, and then `overrides` (which win).
     pub(crate) fn config(&self, overrides: &[(&str, &str)]) -> ClientConfig {
+        self.config_with_defaults(&[], overrides)
+    }
+
+    /// As [`ClientOptions::config`], with `defaults` set before the pass-through
+    /// properties, so a user's own value of one of them wins.
+    pub(crate) fn config_with_defaults(
+        &self,
+        defaults: &[(&str, &str)],
+        overrides: &[(&str, &str)],
+    ) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.bootstrap_servers);
         // librdkafka logs through its own callback; keep it to errors unless asked.
         config.set("log_level", "3");
+        for (key, value) in defaults {
+            config.set(*key, *value);
+        }
         for (key, value) in &self.properties {
             config.set(key, value);
         }

@@ -322,6 +322,10 @@ impl OutputProducer {
             // commit, which then times out as before.
             this.settle(this.transaction_timeout)
                 .map_err(|e| this.classify("flush", e))?;
+            tracing::debug!(
+                settle_ms = started.elapsed().as_secs_f64() * 1e3,
+                "in-flight records acknowledged; committing"
+            );
             loop {
                 let left = this.transaction_timeout.saturating_sub(started.elapsed());
                 match this
@@ -427,8 +431,9 @@ mod tests {
         let mock = MockCluster::new(1).expect("mock cluster");
         mock.create_topic("in", 1, 1).expect("topic");
         let options = ClientOptions::with_properties(mock.bootstrap_servers(), &[]);
-        let consumer = InputConsumer::subscribe(&options, "g", "a", "in", Isolation::ReadCommitted)
-            .expect("consumer");
+        let consumer =
+            InputConsumer::subscribe(&options, "g", "a", "in", Isolation::ReadCommitted, 10)
+                .expect("consumer");
         let deadline = Instant::now() + Duration::from_secs(30);
         while consumer.assigned().await.expect("assignment").is_empty() {
             assert!(Instant::now() < deadline, "never assigned");
