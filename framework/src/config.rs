@@ -188,6 +188,10 @@ pub struct EngineConfig {
     /// synced to disk (default 1 s; zero: every batch, one fsync each). A crash loses at
     /// most about this much of the log, and the next start replays it from the changelog.
     pub txlog_sync_interval: Duration,
+    /// Bytes of memory the transaction log (redb) may keep as its page cache (default
+    /// 16 MiB). More keeps more of a large log in memory; the rest is read from the
+    /// operating system's page cache.
+    pub txlog_cache_size: usize,
     /// Any other librdkafka property, passed to every client unchanged.
     pub kafka_properties: Vec<(String, String)>,
     /// What to do with a record that cannot be processed (default: dead-letter it).
@@ -234,6 +238,7 @@ impl std::fmt::Debug for EngineConfig {
             )
             .field("transaction_timeout", &self.transaction_timeout)
             .field("txlog_sync_interval", &self.txlog_sync_interval)
+            .field("txlog_cache_size", &self.txlog_cache_size)
             .field(
                 "kafka_properties",
                 &crate::redact::Properties(&self.kafka_properties),
@@ -281,6 +286,7 @@ impl EngineConfig {
             // is cut short (dead-lettered as `transaction-timeout`).
             transaction_timeout: Duration::from_secs(10),
             txlog_sync_interval: crate::txlog::DEFAULT_SYNC_INTERVAL,
+            txlog_cache_size: crate::txlog::DEFAULT_CACHE_SIZE,
             kafka_properties: Vec::new(),
             on_error: ErrorPolicy::DeadLetter,
             dead_letter_topic: None,
@@ -330,6 +336,13 @@ impl EngineConfig {
     /// ([`EngineConfig::txlog_sync_interval`]).
     pub fn txlog_sync_interval(mut self, interval: Duration) -> Self {
         self.txlog_sync_interval = interval;
+        self
+    }
+
+    /// Sets the transaction log's page cache, in bytes
+    /// ([`EngineConfig::txlog_cache_size`]).
+    pub fn txlog_cache_size(mut self, bytes: usize) -> Self {
+        self.txlog_cache_size = bytes;
         self
     }
 

@@ -546,7 +546,8 @@ impl<P: Processor> TestDriver<P> {
         if let Some(txlog) = &self.txlog {
             return Ok(Arc::clone(txlog));
         }
-        let (txlog, _) = TxLog::open(&self.instance_dir())?;
+        let (txlog, _) =
+            TxLog::open_with_cache(&self.instance_dir(), self.config.txlog_cache_size)?;
         let txlog = Arc::new(txlog);
         self.txlog = Some(Arc::clone(&txlog));
         Ok(txlog)

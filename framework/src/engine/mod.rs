@@ -193,13 +193,14 @@ impl Engine {
         let config = self.config;
         let dir = config.instance_dir();
         let root = config.state_dir.clone();
+        let cache_size = config.txlog_cache_size;
         let (txlog, opened) = kafka::blocking("open the transaction log", move || {
             // The instance's own directory is checked by `open`; a state dir that existed
             // before must not be someone else's either.
             if root.is_dir() {
                 txlog::check_private(&root)?;
             }
-            TxLog::open(&dir)
+            TxLog::open_with_cache(&dir, cache_size)
         })
         .await?;
         let txlog = Arc::new(txlog);

@@ -253,7 +253,11 @@ pub(super) fn log_contents(txlog: &TxLog) {
                     "transaction log partition"
                 );
             }
-            tracing::info!(bytes, "transaction log file");
+            tracing::info!(
+                bytes,
+                cache_bytes = txlog.cache_size(),
+                "transaction log file"
+            );
         }
         (Err(error), _) | (_, Err(error)) => tracing::warn!(%error, "transaction log statistics"),
     }

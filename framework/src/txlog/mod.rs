@@ -55,7 +55,7 @@ mod testutil;
 
 pub(crate) use change::Change;
 pub(crate) use layers::View;
-pub(crate) use open::check_private;
+pub(crate) use open::{DEFAULT_CACHE_SIZE, check_private};
 pub(crate) use overlay::Overlay;
 pub(crate) use store::{Landed, Snapshot, TxLog};
 pub(crate) use sync::DEFAULT_SYNC_INTERVAL;

@@ -21,31 +21,52 @@ use super::tables::{
 use super::{FORMAT_VERSION, Opened, TXLOG_FILE, TxLog};
 use crate::{Error, Result};
 
+/// The page cache of the log unless configured otherwise. redb's own default, 1 GiB, is
+/// memory the process keeps: the cache fills with the pages batches read and write and
+/// does not shrink, so the benchmark's contender grew with its dedup log (peak RSS 195.5
+/// MiB with 1 M IDs, 409.4 MiB with 3 M). At 16 MiB the same runs peaked at 105.1 and
+/// 112.0 MiB, with throughput and a cold restore's replay rate within the runs' spread:
+/// pages outside the cache come from the operating system's page cache, which gives
+/// memory back.
+/// (bench/results/2026-12-05-txlog-cache.md)
+pub(crate) const DEFAULT_CACHE_SIZE: usize = 16 << 20;
+
 impl TxLog {
-    /// Opens or creates `dir/txlog.redb` (creating `dir` with mode 0700). A file that redb cannot open because it is
-    /// corrupt, or whose stored format version is not FORMAT_VERSION, is moved aside to `txlog.redb.corrupt-<unix secs>` and a fresh
-    /// one is created: Opened::Rebuilt{reason} (the engine then replays the changelog from the beginning and logs the reason).
-    /// A file locked by another process (redb's DatabaseAlreadyOpen) is an Error::State, NOT a rebuild.
+    /// [`TxLog::open_with_cache`] with the default cache ([`DEFAULT_CACHE_SIZE`]).
+    #[cfg(any(test, feature = "bench-internals"))]
     pub(crate) fn open(dir: &Path) -> Result<(TxLog, Opened)> {
+        TxLog::open_with_cache(dir, DEFAULT_CACHE_SIZE)
+    }
+
+    /// Opens or creates `dir/txlog.redb` (creating `dir` with mode 0700), with a page cache
+    /// of `cache_size` bytes ([`crate::EngineConfig::txlog_cache_size`]). A file that redb
+    /// cannot open because it is corrupt, or whose stored format version is not
+    /// FORMAT_VERSION, is moved aside to `txlog.redb.corrupt-<unix secs>` and a fresh one is
+    /// created: Opened::Rebuilt{reason} (the engine then replays the changelog from the
+    /// beginning and logs the reason). A file locked by another process (redb's
+    /// DatabaseAlreadyOpen) is an Error::State, NOT a rebuild.
+    pub(crate) fn open_with_cache(dir: &Path, cache_size: usize) -> Result<(TxLog, Opened)> {
         create_state_dir(dir)?;
         check_private(dir)?;
         let path = dir.join(TXLOG_FILE);
-        let reason = match attempt(&path)? {
+        let reason = match attempt(&path, cache_size)? {
             Attempt::Ready { db, initialized } => {
                 let opened = if initialized {
                     Opened::Fresh
                 } else {
                     Opened::Existing
                 };
-                return Ok((TxLog::new(db, path), opened));
+                return Ok((TxLog::new(db, path, cache_size), opened));
             }
             Attempt::Unusable(reason) => reason,
         };
         let aside = move_aside(&path)?;
         let reason = format!("{reason}; the old file was moved to {}", aside.display());
         tracing::warn!(path = %path.display(), %reason, "rebuilding the transaction log");
-        match attempt(&path)? {
-            Attempt::Ready { db, .. } => Ok((TxLog::new(db, path), Opened::Rebuilt { reason })),
+        match attempt(&path, cache_size)? {
+            Attempt::Ready { db, .. } => {
+                Ok((TxLog::new(db, path, cache_size), Opened::Rebuilt { reason }))
+            }
             Attempt::Unusable(again) => Err(Error::State {
                 path,
                 message: format!(
@@ -71,9 +92,14 @@ impl TxLog {
                     .into(),
             });
         }
-        let opened = panic::catch_unwind(AssertUnwindSafe(|| Builder::new().open(&path)));
+        // `inspect` reads each table once: a small cache is as fast as redb's 1 GiB default.
+        let opened = panic::catch_unwind(AssertUnwindSafe(|| {
+            Builder::new()
+                .set_cache_size(DEFAULT_CACHE_SIZE)
+                .open(&path)
+        }));
         match opened {
-            Ok(Ok(db)) => Ok(TxLog::new(db, path)),
+            Ok(Ok(db)) => Ok(TxLog::new(db, path, DEFAULT_CACHE_SIZE)),
             Ok(Err(err)) => match redb::Error::from(err) {
                 err if matches!(classify(&err), Failure::Locked) => Err(Error::State {
                     path,
@@ -112,13 +138,14 @@ enum Attempt {
     Unusable(String),
 }
 
-/// Opens `path` with redb and checks its format.
-fn attempt(path: &Path) -> Result<Attempt> {
+/// Opens `path` with redb, with a page cache of `cache_size` bytes, and checks its format.
+fn attempt(path: &Path, cache_size: usize) -> Result<Attempt> {
     let doing = "opening the transaction log";
     let mut builder = Builder::new();
     // A plain open trusts a cleanly closed file and may panic on one damaged since; the
     // check (a read of the whole file) reports the damage as an error instead.
     builder.set_check_integrity_on_open(true);
+    builder.set_cache_size(cache_size);
     // The catch is the last line of defence for "never panic on bad data": whatever redb
     // does with a damaged file, the outcome is a rebuild, not a crash loop.
     let opened = panic::catch_unwind(AssertUnwindSafe(|| {

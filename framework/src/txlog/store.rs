@@ -65,6 +65,8 @@ pub(crate) struct TxLog {
     pub(super) db: Arc<Database>,
     /// Where the file is, for errors and [`TxLog::file_size`].
     pub(super) path: PathBuf,
+    /// Bytes of redb's page cache, as opened.
+    cache_size: usize,
     /// Which commits are not durable yet, and when the next must be (`sync.rs`).
     shared: Arc<Shared>,
     /// Syncs what is unsynced when no write comes to do it.
@@ -75,6 +77,7 @@ impl fmt::Debug for TxLog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TxLog")
             .field("path", &self.path)
+            .field("cache_size", &self.cache_size)
             .finish_non_exhaustive()
     }
 }
@@ -153,13 +156,14 @@ impl Snapshot<'_> {
 
 impl TxLog {
     /// The log of the open file `db` at `path`: nothing unsynced yet.
-    pub(super) fn new(db: Database, path: PathBuf) -> TxLog {
+    pub(super) fn new(db: Database, path: PathBuf, cache_size: usize) -> TxLog {
         let db = Arc::new(db);
         let shared = Shared::new();
         let syncer = Syncer::start(&db, &path, &shared);
         TxLog {
             db,
             path,
+            cache_size,
             shared,
             syncer,
         }
@@ -168,6 +172,11 @@ impl TxLog {
     /// Path of the redb file.
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Bytes of memory redb may keep as its page cache for this file.
+    pub(crate) fn cache_size(&self) -> usize {
+        self.cache_size
     }
 
     /// The next changelog offset to read for `partition` (None: never replayed).

@@ -299,6 +299,16 @@ pub(super) const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "txlog_cache_size",
+        value_name: "BYTES",
+        help: "Memory the transaction log may keep as its page cache, such as 16MiB or 256MiB",
+        default: Fallback::Value(|s| byte_size_text(s.engine.txlog_cache_size)),
+        set: |text, s| {
+            s.engine.txlog_cache_size = byte_size(text)?;
+            Ok(())
+        },
+    },
+    Setting {
         key: "accept_changelog_behind",
         value_name: "BOOL",
         help: "Go on when a changelog's progress does not reach the group's committed offsets",
@@ -504,6 +514,35 @@ fn duration(text: &str) -> Result<Duration, String> {
 /// A duration as [`duration`] reads it back: `100ms`, `7days`.
 fn duration_text(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()
+}
+
+/// A size in bytes: a whole number, alone or followed by `KiB`, `MiB` or `GiB`.
+fn byte_size(text: &str) -> Result<usize, String> {
+    let problem = || String::from("a size such as 16MiB, 512KiB, 1GiB or 1048576 (bytes)");
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number.parse().map_err(|_| problem())?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => return Err(problem()),
+    };
+    number.checked_mul(1 << shift).ok_or_else(problem)
+}
+
+/// A size as [`byte_size`] reads it back, in the largest unit that divides it.
+fn byte_size_text(bytes: usize) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 /// A whole number, not negative.

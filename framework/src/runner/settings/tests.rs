@@ -316,6 +316,26 @@ fn every_bad_value_is_one_problem_naming_its_key() {
 }
 
 #[test]
+fn the_txlog_cache_is_a_size_in_bytes_with_a_unit() {
+    let default = resolve_args(&[]).expect("valid");
+    assert_eq!(default.engine.txlog_cache_size, 16 << 20);
+    for (text, bytes) in [
+        ("256MiB", 256 << 20),
+        ("1GiB", 1 << 30),
+        ("512KiB", 512 << 10),
+        ("1048576", 1 << 20),
+    ] {
+        let settings = resolve_args(&["--txlog-cache-size", text]).expect(text);
+        assert_eq!(settings.engine.txlog_cache_size, bytes, "{text}");
+    }
+    for bad in ["16MB", "lots", "1.5MiB", "MiB", "99999999999999999999GiB"] {
+        let problems = resolve_args(&["--txlog-cache-size", bad]).expect_err(bad);
+        assert_eq!(keys_of(&problems), ["txlog_cache_size"], "{bad}");
+        assert!(problems[0].to_string().contains("16MiB"), "{bad}");
+    }
+}
+
+#[test]
 fn engine_level_problems_are_reported_too() {
     let problems =
         resolve_args(&["--max-retry-time", "200s", "--group", "has space"]).expect_err("invalid");

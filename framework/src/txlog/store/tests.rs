@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::txlog::testutil::{Snapshot, open_temp};
-use crate::txlog::{DEFAULT_SYNC_INTERVAL, Opened};
+use crate::txlog::{DEFAULT_CACHE_SIZE, DEFAULT_SYNC_INTERVAL, Opened};
 
 thread_local! {
     /// Changes to let through before the next one fails, on this thread only.
@@ -625,21 +625,35 @@ fn a_log_closed_cleanly_keeps_its_unsynced_applies() {
 
 /// Tells the child test where its log is (set only in the child).
 const KILLED_CHILD_DIR: &str = "ONCEFLOW_TEST_TXLOG_KILLED_CHILD";
+/// The child's page cache in bytes, when not the default (set only in the child).
+const KILLED_CHILD_CACHE: &str = "ONCEFLOW_TEST_TXLOG_KILLED_CHILD_CACHE";
+/// Keys the child's unsynced apply writes.
+const KILLED_CHILD_KEYS: usize = 20_000;
 
-/// The child half of the next test: applies, syncs, applies again, and is SIGKILLed
-/// before the second apply is synced. Does nothing when run as a test of its own.
+/// The child half of the next tests: applies, syncs, applies again (one key, or with a
+/// small cache many more bytes than the cache holds), and is SIGKILLed before the second
+/// apply is synced. Does nothing when run as a test of its own.
 #[test]
 fn killed_child() {
     let Some(dir) = std::env::var_os(KILLED_CHILD_DIR) else {
         return;
     };
-    let (log, _) = TxLog::open(Path::new(&dir)).unwrap();
+    let cache = std::env::var(KILLED_CHILD_CACHE)
+        .ok()
+        .map(|bytes| bytes.parse::<usize>().unwrap());
+    let (log, _) =
+        TxLog::open_with_cache(Path::new(&dir), cache.unwrap_or(DEFAULT_CACHE_SIZE)).unwrap();
     log.syncing().interval = Duration::from_secs(3600);
     log.apply(&[(0, vec![set("k", "synced")], Some(1))])
         .unwrap();
     log.sync().unwrap();
-    log.apply(&[(0, vec![set("k", "unsynced")], Some(2))])
-        .unwrap();
+    let mut unsynced = vec![set("k", "unsynced")];
+    if cache.is_some() {
+        let value = "v".repeat(200);
+        unsynced.extend((0..KILLED_CHILD_KEYS).map(|i| set(&format!("key-{i:05}"), &value)));
+        unsynced.extend((0..KILLED_CHILD_KEYS).map(|i| processed(&format!("id-{i:05}"), 1, 1)));
+    }
+    log.apply(&[(0, unsynced, Some(2))]).unwrap();
     let _ = std::process::Command::new("kill")
         .args(["-9", &std::process::id().to_string()])
         .status();
@@ -647,23 +661,23 @@ fn killed_child() {
     panic!("SIGKILL did not come");
 }
 
-/// What `TxLog::kill` stands for in the other tests, with a real process: killed between
-/// two syncs, the file opens at its last sync.
-#[test]
-fn a_process_killed_between_syncs_leaves_its_log_at_the_last_sync() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
+/// Runs [`killed_child`] on `state`, with a page cache of `cache` bytes if given, and
+/// checks that it was SIGKILLed.
+fn run_killed_child(state: &Path, cache: Option<usize>) {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child
         .args([
             "--exact",
             "txlog::store::tests::killed_child",
             "--test-threads=1",
         ])
-        .env(KILLED_CHILD_DIR, &state)
+        .env(KILLED_CHILD_DIR, state)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
+        .stderr(std::process::Stdio::null());
+    if let Some(cache) = cache {
+        child.env(KILLED_CHILD_CACHE, cache.to_string());
+    }
+    let status = child.status().unwrap();
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt;
@@ -673,8 +687,48 @@ fn a_process_killed_between_syncs_leaves_its_log_at_the_last_sync() {
             "the child was SIGKILLed: {status}"
         );
     }
+}
+
+/// What `TxLog::kill` stands for in the other tests, with a real process: killed between
+/// two syncs, the file opens at its last sync.
+#[test]
+fn a_process_killed_between_syncs_leaves_its_log_at_the_last_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    run_killed_child(&state, None);
     let (log, opened) = TxLog::open(&state).unwrap();
     assert_eq!(opened, Opened::Existing);
     assert_eq!(log.checkpoint(0).unwrap(), Some(1));
     assert_eq!(log.state(0, b"k").unwrap(), Some(b"synced".to_vec()));
+}
+
+/// With a cache far smaller than an unsynced apply (a 256 KiB cache, about 6 MB written),
+/// redb writes pages of the unsynced commit to the file before the sync: a kill then
+/// still leaves the file at its last sync, whole, and none of the unsynced keys in it.
+#[test]
+fn a_small_cache_overflowed_between_syncs_still_opens_at_the_last_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let cache = 256 << 10;
+    run_killed_child(&state, Some(cache));
+    let (log, opened) = TxLog::open_with_cache(&state, cache).unwrap();
+    assert_eq!(opened, Opened::Existing, "the file opens as it is");
+    assert_eq!(log.cache_size(), cache);
+    assert_eq!(log.checkpoint(0).unwrap(), Some(1));
+    assert_eq!(log.state(0, b"k").unwrap(), Some(b"synced".to_vec()));
+    assert_eq!(log.state(0, b"key-00000").unwrap(), None);
+    assert!(!log.is_processed(0, "id-19999").unwrap());
+    let stats = log.stats().unwrap();
+    assert_eq!(stats[0].state_entries, 1, "{stats:?}");
+    assert_eq!(stats[0].processed_entries, 0, "{stats:?}");
+    // The file takes the changes again, as a replay of the changelog would make them.
+    let value = "v".repeat(200);
+    let changes: Vec<Change> = (0..KILLED_CHILD_KEYS)
+        .map(|i| set(&format!("key-{i:05}"), &value))
+        .collect();
+    log.apply(&[(0, changes, Some(2))]).unwrap();
+    assert_eq!(
+        log.stats().unwrap()[0].state_entries,
+        KILLED_CHILD_KEYS as u64 + 1
+    );
 }
