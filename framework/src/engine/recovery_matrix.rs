@@ -564,3 +564,80 @@ async fn a_producer_stuck_in_a_call_is_replaced_without_asking_it_to_abort() {
     // An abort would queue behind the stuck call.
     assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
 }
+
+/// The partitions [`crate::engine::serve::follow_rebalances`] replayed, in call order.
+fn restored(rig: &Rig) -> Vec<i32> {
+    rig.kafka
+        .calls()
+        .iter()
+        .filter_map(|call| match call {
+            Call::Restore(partition, _) => Some(*partition),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Hands `rig` an assignment of `partitions` and follows it, each replay taking 2 s:
+/// the outcome, and how long it took (virtual time).
+async fn catch_up(rig: &Rig, partitions: &[i32]) -> (crate::Result<()>, Duration) {
+    rig.kafka.restore_takes(Duration::from_secs(2));
+    rig.kafka.assign(partitions);
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    let mut polled = Polled {
+        records: Vec::new(),
+        rebalances: vec![Rebalanced::Assigned(partitions.to_vec())],
+    };
+    let mut owned = BTreeSet::new();
+    let started = tokio::time::Instant::now();
+    let outcome =
+        crate::engine::serve::follow_rebalances(&resync, &rig.kafka, &mut owned, &mut polled).await;
+    if outcome.is_ok() {
+        assert_eq!(owned, partitions.iter().copied().collect());
+    }
+    (outcome.map(drop), started.elapsed())
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_partitions_of_an_assignment_are_replayed_side_by_side() {
+    let partitions: Vec<i32> = (0..8).collect();
+    let mut rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.config = rig.config.replay_concurrency(8);
+    let (outcome, took) = catch_up(&rig, &partitions).await;
+    outcome.expect("followed");
+    assert_eq!(restored(&rig), partitions);
+    // Eight replays of 2 s (virtual time): side by side 2 s, one after another 16 s.
+    assert!(took < Duration::from_secs(4), "caught up in {took:?}");
+    let calls = rig.kafka.calls();
+    assert_eq!(
+        calls.last(),
+        Some(&Call::Release),
+        "the consumer is held until every replay is done: {calls:?}"
+    );
+    // The default, one at a time, takes the 16 s.
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    let (outcome, took) = catch_up(&rig, &partitions).await;
+    outcome.expect("followed");
+    assert!(took >= Duration::from_secs(16), "caught up in {took:?}");
+    assert_eq!(restored(&rig), partitions);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_replay_starts_no_more_and_is_the_outcome() {
+    let mut rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.config = rig.config.replay_concurrency(8);
+    rig.kafka
+        .fail(Kind::Restore, None, 1, kafka(ErrorClass::Fatal));
+    let (outcome, _) = catch_up(&rig, &(0..10).collect::<Vec<_>>()).await;
+    assert!(
+        matches!(
+            &outcome,
+            Err(Error::Kafka {
+                class: ErrorClass::Fatal,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    // Eight at once, partition 0 failed: 8 and 9 were never started.
+    assert_eq!(restored(&rig), (0..8).collect::<Vec<_>>());
+}

@@ -112,6 +112,11 @@ pub(crate) fn read_partition<T>(
                 // records is ~60,000): at the default 1 s a replay of 2 M records spent
                 // 13 of its 17 s waiting. At 10 ms it took 4 s.
                 ("fetch.queue.backoff.ms", "10"),
+                // Several partitions may replay at once (`replay_concurrency`): each reader
+                // holds at most 8 MiB fetched ahead, not librdkafka's 64 MiB, so a restore
+                // of large state values stays bounded. A 1 MiB fetch of the benchmark's
+                // changelog records (~18 B each) is ~60,000 of them.
+                ("queued.max.messages.kbytes", "8192"),
                 ("isolation.level", isolation),
                 ("auto.offset.reset", "earliest"),
             ])

@@ -309,6 +309,17 @@ pub(super) const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        key: "replay_concurrency",
+        value_name: "N",
+        help: "Changelog partitions replayed at the same time when catching up (more: faster, and two Kafka clients each)",
+        default: Fallback::Value(|s| s.engine.replay_concurrency.to_string()),
+        set: |text, s| {
+            s.engine.replay_concurrency = usize::try_from(whole_number(text)?)
+                .map_err(|_| "a whole number that fits in memory")?;
+            Ok(())
+        },
+    },
+    Setting {
         key: "accept_changelog_behind",
         value_name: "BOOL",
         help: "Go on when a changelog's progress does not reach the group's committed offsets",
