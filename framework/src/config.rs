@@ -196,7 +196,7 @@ pub struct EngineConfig {
     /// start, after a rebalance or a failed batch; default 1). A replay mostly waits on
     /// the broker, so 8 caught up 64 empty partitions in 3.9 s instead of 16.8 s; each
     /// one at the same time adds two Kafka clients, and 4–8 raised the benchmark's
-    /// peak RSS by 10–15 MiB.
+    /// peak RSS by 12–18 MiB.
     pub replay_concurrency: usize,
     /// Any other librdkafka property, passed to every client unchanged.
     pub kafka_properties: Vec<(String, String)>,
