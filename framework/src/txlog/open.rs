@@ -92,7 +92,7 @@ impl TxLog {
                     .into(),
             });
         }
-        // `inspect` reads each table once: a small cache is as fast as redb's 1 GiB default.
+        // `inspect` reads each table once and keeps nothing: the engine's default cache is plenty.
         let opened = panic::catch_unwind(AssertUnwindSafe(|| {
             Builder::new()
                 .set_cache_size(DEFAULT_CACHE_SIZE)
