@@ -106,17 +106,6 @@ pub(crate) fn log_client_error(error: KafkaError, reason: &str) {
     }
 }
 
-/// The client context of the engine's producer: librdkafka's errors logged by
-/// [`log_client_error`].
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Quiet;
-
-impl rdkafka::ClientContext for Quiet {
-    fn error(&self, error: KafkaError, reason: &str) {
-        log_client_error(error, reason);
-    }
-}
-
 /// Whether `code` says a record was refused for good: the same record fails the same
 /// way however often it is sent (librdkafka's local size check, the broker's size,
 /// validation and topic checks).
@@ -273,13 +262,17 @@ mod tests {
     #[test]
     fn librdkafka_errors_are_logged_at_the_level_they_deserve() {
         use rdkafka::ClientContext;
+        // The engine producer's context.
+        let context = crate::kafka::deliveries::Ledgered {
+            deliveries: Default::default(),
+        };
         let levels = levels_logged(|| {
-            Quiet.error(
+            context.error(
                 KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
                 "Connect to ipv4#127.0.0.1:9092 failed: Connection refused",
             );
-            Quiet.error(KafkaError::Global(RDKafkaErrorCode::PartitionEOF), "end");
-            Quiet.error(
+            context.error(KafkaError::Global(RDKafkaErrorCode::PartitionEOF), "end");
+            context.error(
                 KafkaError::Global(RDKafkaErrorCode::Fatal),
                 "Fatal error: fenced",
             );

@@ -7,6 +7,7 @@
 mod admin;
 mod blocking;
 mod consumer;
+mod deliveries;
 mod dlq;
 mod error;
 mod producer;

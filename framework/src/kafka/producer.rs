@@ -1,48 +1,22 @@
 //! The instance's producer: transactional in exactly-once mode, idempotent otherwise.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::error::Quiet;
+pub(crate) use super::deliveries::Pending;
+use super::deliveries::{Deliveries, Ledgered};
 use super::{ClientOptions, InputConsumer, blocking, kafka_error};
 use crate::{Error, Result};
 
 /// How long past its own timeout a transactional call may block before the producer is
 /// given up (a commit may retry for the whole transaction timeout first).
 const STUCK_GRACE: Duration = Duration::from_secs(15);
-
-/// Where a sent record landed, once the broker acknowledged it.
-pub(crate) struct Pending {
-    delivery: DeliveryFuture,
-    topic: String,
-}
-
-impl std::fmt::Debug for Pending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pending")
-            .field("topic", &self.topic)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Pending {
-    /// Waits for the broker's acknowledgement: `(partition, offset)`.
-    pub(crate) async fn landed(self) -> Result<(i32, i64)> {
-        match self.delivery.await {
-            Ok(Ok(delivery)) => Ok((delivery.partition, delivery.offset)),
-            Ok(Err((error, _))) => Err(kafka_error(crate::Operation::produce(&self.topic), error)),
-            Err(_) => Err(Error::Broker(format!(
-                "the producer of `{}` went away",
-                self.topic
-            ))),
-        }
-    }
-}
 
 /// The codes librdkafka reports a fenced producer with.
 const FENCED: [RDKafkaErrorCode; 3] = [
@@ -58,10 +32,13 @@ const FENCE_PROBE_KEY: &[u8] = b"onceflow-fence-probe";
 /// How often [`OutputProducer::settle`] asks whether librdkafka's queue is empty.
 const SETTLE_EVERY: Duration = Duration::from_micros(200);
 
-/// The producer of outputs and changelog records.
+/// The producer of outputs and changelog records. Where each record landed is kept in
+/// its [`Deliveries`] ledger (see `deliveries.rs`), served by the producer's polling
+/// thread.
 #[derive(Clone)]
 pub(crate) struct OutputProducer {
-    producer: FutureProducer<Quiet>,
+    producer: ThreadedProducer<Ledgered>,
+    deliveries: Arc<Deliveries>,
     transactional_id: Option<String>,
     transaction_timeout: Duration,
 }
@@ -83,14 +60,17 @@ impl OutputProducer {
         transaction_timeout: Duration,
     ) -> Result<Self> {
         let timeout_ms = transaction_timeout.as_millis().to_string();
-        let producer: FutureProducer<Quiet> = options
+        let deliveries = Arc::new(Deliveries::default());
+        let producer: ThreadedProducer<Ledgered> = options
             .config(&[
                 ("transactional.id", transactional_id),
                 ("enable.idempotence", "true"),
                 ("transaction.timeout.ms", &timeout_ms),
                 ("linger.ms", "5"),
             ])
-            .create_with_context(Quiet)
+            .create_with_context(Ledgered {
+                deliveries: deliveries.clone(),
+            })
             .map_err(|e| kafka_error("create the transactional producer", e))?;
         let init = producer.clone();
         blocking("init_transactions", move || {
@@ -100,6 +80,7 @@ impl OutputProducer {
         .await?;
         Ok(OutputProducer {
             producer,
+            deliveries,
             transactional_id: Some(transactional_id.to_owned()),
             transaction_timeout,
         })
@@ -107,16 +88,20 @@ impl OutputProducer {
 
     /// An idempotent, non-transactional producer (at-least-once and at-most-once).
     pub(crate) fn idempotent(options: &ClientOptions) -> Result<Self> {
-        let producer: FutureProducer<Quiet> = options
+        let deliveries = Arc::new(Deliveries::default());
+        let producer: ThreadedProducer<Ledgered> = options
             .config(&[
                 ("enable.idempotence", "true"),
                 ("acks", "all"),
                 ("linger.ms", "5"),
             ])
-            .create_with_context(Quiet)
+            .create_with_context(Ledgered {
+                deliveries: deliveries.clone(),
+            })
             .map_err(|e| kafka_error("create the producer", e))?;
         Ok(OutputProducer {
             producer,
+            deliveries,
             transactional_id: None,
             transaction_timeout: Duration::from_secs(60),
         })
@@ -152,8 +137,13 @@ impl OutputProducer {
         headers: &[(&str, Option<&[u8]>)],
         timestamp_ms: Option<i64>,
     ) -> Result<Pending> {
+        let seq = self.deliveries.reserve();
+        let opaque = usize::try_from(seq).expect("fewer records than usize::MAX");
+        // Frees the slot if the record is never queued (refused, or this future dropped
+        // while waiting for room).
+        let pending = Pending::new(seq, self.deliveries.clone());
         loop {
-            let mut record = FutureRecord::<[u8], [u8]>::to(topic);
+            let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, opaque);
             if let Some(timestamp) = timestamp_ms {
                 record = record.timestamp(timestamp);
             }
@@ -176,13 +166,8 @@ impl OutputProducer {
             if let Some(value) = value {
                 record = record.payload(value);
             }
-            match self.producer.send_result(record) {
-                Ok(delivery) => {
-                    return Ok(Pending {
-                        delivery,
-                        topic: topic.to_owned(),
-                    });
-                }
+            match self.producer.send(record) {
+                Ok(()) => return Ok(pending),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
@@ -293,8 +278,8 @@ impl OutputProducer {
     /// commit took at least 100 ms (the benchmark measured ~110 ms from a batch's last
     /// record to its outputs being visible, both here and in the plain rdkafka loop).
     /// Here librdkafka's own flush is asked with no wait, which only tells whether the
-    /// queue is empty, while the polling thread of the `FutureProducer` serves the
-    /// delivery reports.
+    /// queue is empty, while the producer's polling thread serves the delivery
+    /// reports.
     fn settle(&self, timeout: Duration) -> std::result::Result<bool, KafkaError> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -457,5 +442,59 @@ mod tests {
             .await
             .expect("sent again after the retriable errors");
         producer.commit().await.expect("commit");
+    }
+
+    /// Each record learns its own partition and offset however the reports are awaited,
+    /// and the ledger keeps nothing afterwards: not for records awaited, nor for records
+    /// dropped unawaited in a transaction that was then aborted (librdkafka reports the
+    /// purged records as failed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_record_learns_where_it_landed_and_the_ledger_keeps_nothing_after() {
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("out", 3, 1).expect("topic");
+        let options = ClientOptions::with_properties(mock.bootstrap_servers(), &[]);
+        let producer = OutputProducer::idempotent(&options).expect("producer");
+        let mut pending = Vec::new();
+        for i in 0..30 {
+            let value = format!("v{i}");
+            let sent = producer
+                .send_with_headers("out", Some(i % 3), None, Some(value.as_bytes()), &[], None)
+                .await
+                .expect("queued");
+            pending.push((i % 3, i / 3, sent));
+        }
+        for (partition, offset, sent) in pending.into_iter().rev() {
+            assert_eq!(
+                sent.landed().await.expect("landed"),
+                (partition, i64::from(offset))
+            );
+        }
+        assert_eq!(producer.deliveries.held(), 0);
+
+        let transactional = OutputProducer::transactional(&options, "t", Duration::from_secs(20))
+            .await
+            .expect("producer");
+        transactional.begin().expect("begin");
+        for i in 0..50 {
+            let sent = transactional
+                .send_with_headers("out", Some(i % 3), None, Some(b"aborted"), &[], None)
+                .await
+                .expect("queued");
+            drop(sent);
+        }
+        let refused = transactional
+            .send_with_headers("out", Some(7), None, Some(b"no such partition"), &[], None)
+            .await;
+        // Refused when queued or when reported, depending on what librdkafka knows yet.
+        let error = match refused {
+            Ok(sent) => sent.landed().await.expect_err("partition 7 of 3"),
+            Err(error) => error,
+        };
+        assert!(error.to_string().contains("`out`"), "{error}");
+        transactional.abort().await.expect("abort");
+        transactional
+            .settle(Duration::from_secs(10))
+            .expect("settled");
+        assert_eq!(transactional.deliveries.held(), 0);
     }
 }
