@@ -116,6 +116,8 @@ impl RebalanceLog {
 
 /// The records per partition librdkafka keeps fetched ahead at least, whatever the batch.
 const MIN_PREFETCH: usize = 1_000;
+/// The kilobytes of input librdkafka holds fetched ahead, at least, across all partitions.
+const MIN_PREFETCH_KBYTES: usize = 2_048;
 /// How long librdkafka waits before fetching a partition again once its queue was over
 /// `queued.min.messages` (librdkafka's default: 1 s).
 const FETCH_QUEUE_BACKOFF_MS: &str = "10";
@@ -128,6 +130,17 @@ const FETCH_QUEUE_BACKOFF_MS: &str = "10";
 ///   this many records (default 100,000, bounded only by `queued.max.messages.kbytes`,
 ///   64 MiB). With that default the benchmark's consumer held the whole 200,000-event
 ///   input, ~55 MiB of fetch buffers and messages: half the contender's heap at its peak.
+/// - `queued.max.messages.kbytes`: the bytes fetched ahead across all partitions (the
+///   consumer queue is one for the whole group member); it wins over
+///   `queued.min.messages`. librdkafka's 64 MiB let the per-partition count hold a batch
+///   for every partition, eight batches at eight partitions. The default here is 2 MiB,
+///   or an eighth of a kilobyte per record of a batch when that is more. At the
+///   benchmark's batches of 10,000 records of ~200 B (2026-12-06, medians of three runs
+///   each, interleaved): librdkafka's 64 MiB peaked at 82.7/84.9/83.9 MiB RSS and made
+///   161.7k/161.5k/168.1k events/s; 4 MiB 65.5-70.5 MiB and 169.1k-184.9k; 2 MiB
+///   62.1/62.8/63.3 MiB and 174.2k/176.1k/176.2k. The fetcher refills while a batch
+///   commits, so less than a batch ahead did not starve the engine. librdkafka may
+///   overshoot the bound by one fetch per partition (`fetch.message.max.bytes`, 1 MiB).
 /// - `fetch.queue.backoff.ms`: once a queue was over that mark, librdkafka waits this long
 ///   before fetching the partition again. At its default 1 s a queue sized for a batch
 ///   runs dry and the engine waits for input (a 10,000-record prefetch with the 1 s
@@ -141,9 +154,11 @@ fn input_config(
     max_batch_records: usize,
 ) -> rdkafka::ClientConfig {
     let prefetch = max_batch_records.max(MIN_PREFETCH).to_string();
+    let prefetch_kbytes = (max_batch_records / 8).max(MIN_PREFETCH_KBYTES).to_string();
     options.config_with_defaults(
         &[
             ("queued.min.messages", &prefetch),
+            ("queued.max.messages.kbytes", &prefetch_kbytes),
             ("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS),
             ("statistics.interval.ms", "5000"),
         ],
@@ -810,6 +825,13 @@ mod tests {
         };
         let batch = config(&[], 10_000);
         assert_eq!(batch.get("queued.min.messages"), Some("10000"));
+        // 2 MiB across all partitions, not librdkafka's 64 MiB.
+        assert_eq!(batch.get("queued.max.messages.kbytes"), Some("2048"));
+        // A large batch gets room for one of 128-byte records.
+        assert_eq!(
+            config(&[], 100_000).get("queued.max.messages.kbytes"),
+            Some("12500")
+        );
         assert_eq!(batch.get("fetch.queue.backoff.ms"), Some("10"));
         assert_eq!(batch.get("statistics.interval.ms"), Some("5000"));
         // A small batch still keeps a thousand records per partition ahead.
@@ -817,6 +839,7 @@ mod tests {
         let own = config(
             &[
                 ("queued.min.messages", "50000"),
+                ("queued.max.messages.kbytes", "65536"),
                 ("fetch.queue.backoff.ms", "500"),
                 ("statistics.interval.ms", "1000"),
                 // What the engine needs is not the user's to change.
@@ -825,6 +848,7 @@ mod tests {
             10_000,
         );
         assert_eq!(own.get("queued.min.messages"), Some("50000"));
+        assert_eq!(own.get("queued.max.messages.kbytes"), Some("65536"));
         assert_eq!(own.get("fetch.queue.backoff.ms"), Some("500"));
         assert_eq!(own.get("statistics.interval.ms"), Some("1000"));
         assert_eq!(own.get("enable.auto.commit"), Some("false"));
