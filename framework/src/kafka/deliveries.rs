@@ -273,7 +273,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         deliveries.report(0, Ok((0, 7)));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!waiting.is_finished(), "another record's report woke it");
+        assert!(
+            !waiting.is_finished(),
+            "finished on another record's report"
+        );
         deliveries.report(1, Ok((2, 8)));
         assert_eq!(waiting.await.expect("task").expect("landed"), (2, 8));
         assert_eq!(first.landed().await.expect("landed"), (0, 7));
