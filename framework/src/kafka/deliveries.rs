@@ -84,13 +84,18 @@ impl Deliveries {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A slot for a record about to be sent: its sequence number, the record's delivery
-    /// opaque. The [`Pending`] made of it frees it when dropped, so a record librdkafka
-    /// refused to queue holds no slot.
-    pub(super) fn reserve(&self) -> u64 {
+    /// A slot for a record about to be sent, held by the returned [`Pending`] (its
+    /// [`Pending::opaque`] is the record's delivery opaque). Dropped unawaited, it frees
+    /// the slot, so a record librdkafka refused to queue holds none.
+    pub(super) fn reserve(self: &Arc<Self>) -> Pending {
         let mut ledger = self.lock();
         ledger.slots.push_back(Slot::InFlight);
-        ledger.first + ledger.slots.len() as u64 - 1
+        let seq = ledger.first + ledger.slots.len() as u64 - 1;
+        Pending {
+            seq,
+            deliveries: self.clone(),
+            taken: false,
+        }
     }
 
     /// The outcome of `seq`'s record, from its delivery report.
@@ -137,12 +142,9 @@ impl std::fmt::Debug for Pending {
 }
 
 impl Pending {
-    pub(super) fn new(seq: u64, deliveries: Arc<Deliveries>) -> Self {
-        Pending {
-            seq,
-            deliveries,
-            taken: false,
-        }
+    /// The record's delivery opaque: its sequence number.
+    pub(super) fn opaque(&self) -> usize {
+        usize::try_from(self.seq).expect("fewer records than usize::MAX")
     }
 
     /// Waits for the broker's acknowledgement: `(partition, offset)`.
@@ -235,7 +237,7 @@ mod tests {
     use crate::Error;
 
     fn sent(deliveries: &Arc<Deliveries>) -> Pending {
-        Pending::new(deliveries.reserve(), deliveries.clone())
+        deliveries.reserve()
     }
 
     #[tokio::test]

@@ -32,6 +32,20 @@ const FENCE_PROBE_KEY: &[u8] = b"onceflow-fence-probe";
 /// How often [`OutputProducer::settle`] asks whether librdkafka's queue is empty.
 const SETTLE_EVERY: Duration = Duration::from_micros(200);
 
+/// A producer made of `config`, with the ledger its delivery reports go to.
+fn ledgered(
+    config: rdkafka::ClientConfig,
+    operation: &str,
+) -> Result<(ThreadedProducer<Ledgered>, Arc<Deliveries>)> {
+    let deliveries = Arc::new(Deliveries::default());
+    let producer = config
+        .create_with_context(Ledgered {
+            deliveries: deliveries.clone(),
+        })
+        .map_err(|e| kafka_error(operation, e))?;
+    Ok((producer, deliveries))
+}
+
 /// The producer of outputs and changelog records. Where each record landed is kept in
 /// its [`Deliveries`] ledger (see `deliveries.rs`), served by the producer's polling
 /// thread.
@@ -60,18 +74,15 @@ impl OutputProducer {
         transaction_timeout: Duration,
     ) -> Result<Self> {
         let timeout_ms = transaction_timeout.as_millis().to_string();
-        let deliveries = Arc::new(Deliveries::default());
-        let producer: ThreadedProducer<Ledgered> = options
-            .config(&[
+        let (producer, deliveries) = ledgered(
+            options.config(&[
                 ("transactional.id", transactional_id),
                 ("enable.idempotence", "true"),
                 ("transaction.timeout.ms", &timeout_ms),
                 ("linger.ms", "5"),
-            ])
-            .create_with_context(Ledgered {
-                deliveries: deliveries.clone(),
-            })
-            .map_err(|e| kafka_error("create the transactional producer", e))?;
+            ]),
+            "create the transactional producer",
+        )?;
         let init = producer.clone();
         blocking("init_transactions", move || {
             init.init_transactions(transaction_timeout)
@@ -88,17 +99,14 @@ impl OutputProducer {
 
     /// An idempotent, non-transactional producer (at-least-once and at-most-once).
     pub(crate) fn idempotent(options: &ClientOptions) -> Result<Self> {
-        let deliveries = Arc::new(Deliveries::default());
-        let producer: ThreadedProducer<Ledgered> = options
-            .config(&[
+        let (producer, deliveries) = ledgered(
+            options.config(&[
                 ("enable.idempotence", "true"),
                 ("acks", "all"),
                 ("linger.ms", "5"),
-            ])
-            .create_with_context(Ledgered {
-                deliveries: deliveries.clone(),
-            })
-            .map_err(|e| kafka_error("create the producer", e))?;
+            ]),
+            "create the producer",
+        )?;
         Ok(OutputProducer {
             producer,
             deliveries,
@@ -137,11 +145,10 @@ impl OutputProducer {
         headers: &[(&str, Option<&[u8]>)],
         timestamp_ms: Option<i64>,
     ) -> Result<Pending> {
-        let seq = self.deliveries.reserve();
-        let opaque = usize::try_from(seq).expect("fewer records than usize::MAX");
-        // Frees the slot if the record is never queued (refused, or this future dropped
+        // Frees its slot if the record is never queued (refused, or this future dropped
         // while waiting for room).
-        let pending = Pending::new(seq, self.deliveries.clone());
+        let pending = self.deliveries.reserve();
+        let opaque = pending.opaque();
         loop {
             let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, opaque);
             if let Some(timestamp) = timestamp_ms {
