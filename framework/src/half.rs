@@ -217,10 +217,13 @@ impl Resolver {
             std::process::id()
         );
         let transactional: FutureProducer = options
-            .config(&[
-                ("transactional.id", transactional_id.as_str()),
-                ("transaction.timeout.ms", "10000"),
-            ])
+            .config_with_defaults(
+                kafka::TRANSACTIONAL_DEFAULTS,
+                &[
+                    ("transactional.id", transactional_id.as_str()),
+                    ("transaction.timeout.ms", "10000"),
+                ],
+            )
             .create()
             .map_err(|e| kafka::kafka_error("create the half publisher", e))?;
         let init = transactional.clone();

@@ -324,12 +324,15 @@ impl Active {
         let transactional_id = format!("onceflow-outbox-{}", config.name);
         let timeout_ms = config.transaction_timeout.as_millis().to_string();
         let producer: FutureProducer = options
-            .config(&[
-                ("transactional.id", transactional_id.as_str()),
-                ("transaction.timeout.ms", timeout_ms.as_str()),
-                ("enable.idempotence", "true"),
-                ("acks", "all"),
-            ])
+            .config_with_defaults(
+                kafka::TRANSACTIONAL_DEFAULTS,
+                &[
+                    ("transactional.id", transactional_id.as_str()),
+                    ("transaction.timeout.ms", timeout_ms.as_str()),
+                    ("enable.idempotence", "true"),
+                    ("acks", "all"),
+                ],
+            )
             .create()
             .map_err(|e| kafka::kafka_error("create the relay's producer", e))?;
         let init = producer.clone();

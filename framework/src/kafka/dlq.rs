@@ -49,11 +49,14 @@ pub(crate) fn replay_dead_letters(
         .map_err(|e| kafka_error(&operation, e))?;
     let timeout_ms = plan.timeout.as_millis().to_string();
     let producer: BaseProducer = options
-        .config(&[
-            ("transactional.id", &plan.transactional_id),
-            ("enable.idempotence", "true"),
-            ("transaction.timeout.ms", &timeout_ms),
-        ])
+        .config_with_defaults(
+            super::TRANSACTIONAL_DEFAULTS,
+            &[
+                ("transactional.id", &plan.transactional_id),
+                ("enable.idempotence", "true"),
+                ("transaction.timeout.ms", &timeout_ms),
+            ],
+        )
         .create()
         .map_err(|e| kafka_error(&operation, e))?;
     producer

@@ -49,6 +49,18 @@ use secrecy::{ExposeSecret, SecretString};
 
 use crate::redact;
 
+/// Defaults of every transactional producer, set before the pass-through properties, so a
+/// user's own value wins.
+///
+/// `retry.backoff.ms`: a transaction begun soon after the last one committed can find its
+/// coordinator still writing the last one's commit markers. The coordinator then answers
+/// AddOffsetsToTxn with CONCURRENT_TRANSACTIONS, and librdkafka sends it again after
+/// `retry.backoff.ms`, 100 ms by default (AddPartitionsToTxn has its own 20 ms). At a 10 ms
+/// commit interval that wait was most of the engine's p99 (`bench/results/2026-12-06-c.md`).
+/// From 10 ms, a retry waits twice as long as the one before, up to `retry.backoff.max.ms`
+/// (1 s), so a broker that stays unavailable is not asked much more often.
+pub(crate) const TRANSACTIONAL_DEFAULTS: &[(&str, &str)] = &[("retry.backoff.ms", "10")];
+
 /// How to reach the cluster, and any client property to pass through unchanged.
 ///
 /// Secret properties (see [`redact::is_secret`]) are held apart as [`SecretString`]s: they
