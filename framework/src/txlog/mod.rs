@@ -12,9 +12,9 @@
 //!               │ (reads: overlay first,                           (compacted, Kafka txn)
 //!               ▼  then the log)                                          │
 //!   TxLog (txlog.redb) ◄──────────── apply(changes, checkpoint) ◄──decode─┘ replay
-//!     meta              "format_version" -> 1
+//!     meta              "format_version" -> 2
 //!     processed         (p, id)              -> (offset, processed_at_ms)
-//!     processed_by_time (p, processed_at_ms, id) -> ()      expiry index
+//!     expiry            (p, processed_at_ms, n) -> ids       expiry index, ≤ 512 IDs a row
 //!     processed_count   p -> n                               count-based expiry
 //!     state             (p, key)             -> value
 //!     state_count       p -> n                               stats without a scan
@@ -29,8 +29,9 @@
 //!
 //! - The file is a cache: anything in it can be rebuilt by replaying the changelog, so a
 //!   corrupt or foreign file is moved aside and replaced rather than repaired.
-//! - `processed`, `processed_by_time` and `processed_count` agree after every commit: each
-//!   processed entry has exactly one index row, and the count is the number of entries.
+//! - `processed`, `expiry` and `processed_count` agree after every commit: each processed
+//!   entry is in exactly one index row, that of its time, and the count is the number of
+//!   entries.
 //! - Applying a change is idempotent and last-write-wins per changelog key, so replaying
 //!   records already applied (a crash between commit and checkpoint) changes nothing, and
 //!   compaction, which keeps only the last record per key, cannot change the outcome.
@@ -44,6 +45,7 @@
 //! - No redb type leaves this module; no bad data makes it panic.
 
 mod change;
+mod expiry;
 mod layers;
 mod open;
 mod overlay;
@@ -61,7 +63,8 @@ pub(crate) use store::{Landed, Snapshot, TxLog};
 pub(crate) use sync::DEFAULT_SYNC_INTERVAL;
 
 /// Version of the table layout; a file holding another is rebuilt from the changelog.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// 2: the expiry index holds a row per time, not per entry (`expiry.rs`).
+pub(crate) const FORMAT_VERSION: u32 = 2;
 
 /// Name of the redb file inside the instance's state directory.
 pub(crate) const TXLOG_FILE: &str = "txlog.redb";

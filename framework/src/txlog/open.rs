@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redb::{Builder, Database, Durability, ReadableTable, TableHandle};
 
 use super::tables::{
-    CHECKPOINT, FORMAT_VERSION_KEY, Failure, MARKER_FOLLOWS, META, PROCESSED, PROCESSED_BY_TIME,
+    CHECKPOINT, EXPIRY, FORMAT_VERSION_KEY, Failure, MARKER_FOLLOWS, META, PROCESSED,
     PROCESSED_COUNT, PROGRESS, SOURCE, STATE, STATE_COUNT, classify, state_error,
 };
 use super::{FORMAT_VERSION, Opened, TXLOG_FILE, TxLog};
@@ -208,7 +208,7 @@ fn check_format(db: &Database) -> std::result::Result<Format, redb::Error> {
     };
     // Opening checks each table's key and value types against the stored ones.
     txn.open_table(PROCESSED)?;
-    txn.open_table(PROCESSED_BY_TIME)?;
+    txn.open_table(EXPIRY)?;
     txn.open_table(PROCESSED_COUNT)?;
     txn.open_table(STATE)?;
     txn.open_table(STATE_COUNT)?;
@@ -429,25 +429,36 @@ mod tests {
         assert_eq!(corrupt_files(dir.path()).len(), 1);
     }
 
+    /// Creates a redb file at `path` whose meta table holds format `version`, with what
+    /// `more` writes in the same transaction.
+    fn file_of_version(path: &Path, version: u64, more: impl FnOnce(&redb::WriteTransaction)) {
+        let db = Database::create(path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(FORMAT_VERSION_KEY, version)
+            .unwrap();
+        more(&txn);
+        txn.commit().unwrap();
+    }
+
+    /// An older build's file (version 1 had a row per entry in the expiry index) and a
+    /// newer build's are both rebuilt from the changelog.
     #[test]
     fn another_format_version_is_rebuilt() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(TXLOG_FILE);
-        {
-            let db = Database::create(&path).unwrap();
-            let txn = db.begin_write().unwrap();
-            txn.open_table(META)
-                .unwrap()
-                .insert(FORMAT_VERSION_KEY, u64::from(FORMAT_VERSION) + 1)
-                .unwrap();
-            txn.commit().unwrap();
+        for version in [1, u64::from(FORMAT_VERSION) + 1] {
+            let dir = tempfile::tempdir().unwrap();
+            file_of_version(&dir.path().join(TXLOG_FILE), version, |_| {});
+            let (_log, opened) = TxLog::open(dir.path()).unwrap();
+            let Opened::Rebuilt { reason } = opened else {
+                panic!("expected a rebuild of version {version}, got {opened:?}");
+            };
+            assert!(
+                reason.contains(&format!("format version {version}")),
+                "{reason}"
+            );
+            assert_eq!(corrupt_files(dir.path()).len(), 1);
         }
-        let (_log, opened) = TxLog::open(dir.path()).unwrap();
-        let Opened::Rebuilt { reason } = opened else {
-            panic!("expected a rebuild, got {opened:?}");
-        };
-        assert!(reason.contains("format version 2"), "{reason}");
-        assert_eq!(corrupt_files(dir.path()).len(), 1);
     }
 
     #[test]
@@ -475,17 +486,10 @@ mod tests {
     fn a_table_of_another_type_is_rebuilt() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(TXLOG_FILE);
-        {
-            let db = Database::create(&path).unwrap();
-            let txn = db.begin_write().unwrap();
-            txn.open_table(META)
-                .unwrap()
-                .insert(FORMAT_VERSION_KEY, u64::from(FORMAT_VERSION))
-                .unwrap();
+        file_of_version(&path, u64::from(FORMAT_VERSION), |txn| {
             let processed: TableDefinition<'_, u64, u64> = TableDefinition::new("processed");
             txn.open_table(processed).unwrap().insert(1, 2).unwrap();
-            txn.commit().unwrap();
-        }
+        });
         let (_log, opened) = TxLog::open(dir.path()).unwrap();
         assert!(matches!(opened, Opened::Rebuilt { .. }), "{opened:?}");
     }

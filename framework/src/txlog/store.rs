@@ -51,10 +51,11 @@ use redb::{
     Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, Table, WriteTransaction,
 };
 
+use super::expiry::{self, Edits, Index};
 use super::sync::{Durable, Shared, Syncer, Syncing};
 use super::tables::{
-    CHANGELOG_ID_KEY, CHECKPOINT, MARKER_FOLLOWS, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT,
-    PROGRESS, SOURCE, STATE, STATE_COUNT, partition_range, state_error,
+    CHANGELOG_ID_KEY, CHECKPOINT, EXPIRY, MARKER_FOLLOWS, PROCESSED, PROCESSED_COUNT, PROGRESS,
+    SOURCE, STATE, STATE_COUNT, partition_range, state_error,
 };
 use super::{Change, PartitionStats};
 use crate::{Error, Result};
@@ -252,7 +253,7 @@ impl TxLog {
                     writer.marker_follows.remove(*partition)?;
                 }
             }
-            writer.store_counts()
+            writer.finish()
         })
     }
 
@@ -306,7 +307,7 @@ impl TxLog {
                     );
                 }
             }
-            writer.store_counts()
+            writer.finish()
         })
     }
 
@@ -324,26 +325,23 @@ impl TxLog {
         let count =
             read_count(&txn, PROCESSED_COUNT, partition).map_err(|e| self.error(doing, e))?;
         let excess = max_entries.map_or(0, |max| count.saturating_sub(max));
-        let index = txn
-            .open_table(PROCESSED_BY_TIME)
-            .map_err(|e| self.error(doing, e))?;
+        let index = txn.open_table(EXPIRY).map_err(|e| self.error(doing, e))?;
         let rows = index
-            .range(partition_range(partition, |p| (p, i64::MIN, "")))
+            .range(expiry::partition_rows(partition))
             .map_err(|e| self.error(doing, e))?;
         let mut ids = Vec::new();
-        for row in rows {
-            if ids.len() >= limit {
-                break;
+        'rows: for row in rows {
+            let (key, value) = row.map_err(|e| self.error(doing, e))?;
+            let (_, processed_at_ms, _) = key.value();
+            for id in expiry::decode(value.value()).map_err(|e| self.error(doing, e))? {
+                // The index is sorted by time, so once an entry is neither beyond the
+                // count nor too old, no later one is either.
+                let beyond_count = (ids.len() as u64) < excess;
+                if ids.len() >= limit || (!beyond_count && processed_at_ms >= older_than_ms) {
+                    break 'rows;
+                }
+                ids.push(id.to_owned());
             }
-            let (key, _) = row.map_err(|e| self.error(doing, e))?;
-            let (_, processed_at_ms, id) = key.value();
-            // The index is sorted by time, so once an entry is neither beyond the count
-            // nor too old, no later one is either.
-            let beyond_count = (ids.len() as u64) < excess;
-            if !beyond_count && processed_at_ms >= older_than_ms {
-                break;
-            }
-            ids.push(id.to_string());
         }
         Ok(ids)
     }
@@ -362,7 +360,7 @@ impl TxLog {
                 Some(stored) if stored == id => return Ok(()),
                 Some(stored) => {
                     txn.open_table(PROCESSED)?.retain(|_, _| false)?;
-                    txn.open_table(PROCESSED_BY_TIME)?.retain(|_, _| false)?;
+                    txn.open_table(EXPIRY)?.retain(|_, _| false)?;
                     txn.open_table(STATE)?.retain(|_, _| false)?;
                     txn.open_table(PROCESSED_COUNT)?.retain(|_, _| false)?;
                     txn.open_table(STATE_COUNT)?.retain(|_, _| false)?;
@@ -387,10 +385,8 @@ impl TxLog {
             |txn| {
                 txn.open_table(PROCESSED)?
                     .retain_in(partition_range(partition, |p| (p, "")), |_, _| false)?;
-                txn.open_table(PROCESSED_BY_TIME)?
-                    .retain_in(partition_range(partition, |p| (p, i64::MIN, "")), |_, _| {
-                        false
-                    })?;
+                txn.open_table(EXPIRY)?
+                    .retain_in(expiry::partition_rows(partition), |_, _| false)?;
                 let empty: &[u8] = &[];
                 txn.open_table(STATE)?
                     .retain_in(partition_range(partition, |p| (p, empty)), |_, _| false)?;
@@ -520,11 +516,13 @@ impl Drop for TxLog {
     }
 }
 
-/// The tables a batch writes, open in one write transaction, and the count changes so far.
-struct Writer<'txn> {
+/// The tables a batch writes, open in one write transaction, and the count and expiry
+/// index changes so far (written once each, by [`Writer::finish`]). `'c`: the changes.
+struct Writer<'txn, 'c> {
     txn: &'txn WriteTransaction,
     processed: Table<'txn, (i32, &'static str), (i64, i64)>,
-    by_time: Table<'txn, (i32, i64, &'static str), ()>,
+    index: Index<'txn>,
+    edits: Edits<'c>,
     state: Table<'txn, (i32, &'static [u8]), &'static [u8]>,
     checkpoint: Table<'txn, i32, i64>,
     marker_follows: Table<'txn, i32, ()>,
@@ -533,13 +531,14 @@ struct Writer<'txn> {
     deltas: BTreeMap<i32, (i64, i64)>,
 }
 
-impl<'txn> Writer<'txn> {
+impl<'txn, 'c> Writer<'txn, 'c> {
     /// Opens the tables in `txn`.
     fn open(txn: &'txn WriteTransaction) -> std::result::Result<Self, redb::Error> {
         Ok(Writer {
             txn,
             processed: txn.open_table(PROCESSED)?,
-            by_time: txn.open_table(PROCESSED_BY_TIME)?,
+            index: txn.open_table(EXPIRY)?,
+            edits: Edits::default(),
             state: txn.open_table(STATE)?,
             checkpoint: txn.open_table(CHECKPOINT)?,
             marker_follows: txn.open_table(MARKER_FOLLOWS)?,
@@ -552,7 +551,7 @@ impl<'txn> Writer<'txn> {
     fn apply_all(
         &mut self,
         partition: i32,
-        changes: &[Change],
+        changes: &'c [Change],
     ) -> std::result::Result<(), redb::Error> {
         for change in changes {
             #[cfg(test)]
@@ -562,9 +561,14 @@ impl<'txn> Writer<'txn> {
         Ok(())
     }
 
-    /// Applies one change. Replacing an entry moves its index row rather than adding one,
-    /// and removing an absent one does nothing, which is what makes replay idempotent.
-    fn apply(&mut self, partition: i32, change: &Change) -> std::result::Result<(), redb::Error> {
+    /// Applies one change. Replacing an entry moves it in the expiry index only if its time
+    /// changed, and removing an absent one does nothing, which is what makes replay
+    /// idempotent.
+    fn apply(
+        &mut self,
+        partition: i32,
+        change: &'c Change,
+    ) -> std::result::Result<(), redb::Error> {
         match change {
             Change::Processed {
                 id,
@@ -576,13 +580,16 @@ impl<'txn> Writer<'txn> {
                     .insert((partition, id.as_str()), (*offset, *processed_at_ms))?
                     .map(|guard| guard.value());
                 match old {
+                    Some((_, old_at)) if old_at == *processed_at_ms => {}
                     Some((_, old_at)) => {
-                        self.by_time.remove((partition, old_at, id.as_str()))?;
+                        self.edits.remove(partition, old_at, id);
+                        self.edits.add(partition, *processed_at_ms, id);
                     }
-                    None => self.delta(partition).0 += 1,
+                    None => {
+                        self.delta(partition).0 += 1;
+                        self.edits.add(partition, *processed_at_ms, id);
+                    }
                 }
-                self.by_time
-                    .insert((partition, *processed_at_ms, id.as_str()), ())?;
             }
             Change::Expired { id } => {
                 let old = self
@@ -590,7 +597,7 @@ impl<'txn> Writer<'txn> {
                     .remove((partition, id.as_str()))?
                     .map(|guard| guard.value());
                 if let Some((_, old_at)) = old {
-                    self.by_time.remove((partition, old_at, id.as_str()))?;
+                    self.edits.remove(partition, old_at, id);
                     self.delta(partition).0 -= 1;
                 }
             }
@@ -624,8 +631,10 @@ impl<'txn> Writer<'txn> {
         self.deltas.entry(partition).or_default()
     }
 
-    /// Writes the counts back once per partition rather than once per change.
-    fn store_counts(self) -> std::result::Result<(), redb::Error> {
+    /// Writes the expiry index's rows and the counts, once per row and partition rather
+    /// than once per change.
+    fn finish(mut self) -> std::result::Result<(), redb::Error> {
+        self.edits.write(&mut self.index)?;
         let mut processed_counts = self.txn.open_table(PROCESSED_COUNT)?;
         let mut state_counts = self.txn.open_table(STATE_COUNT)?;
         for (partition, (processed, state)) in self.deltas {
@@ -694,11 +703,11 @@ fn collect_stats(txn: &ReadTransaction) -> std::result::Result<Vec<PartitionStat
         partitions.insert(row?.0.value());
     }
     let checkpoints = txn.open_table(CHECKPOINT)?;
-    let index = txn.open_table(PROCESSED_BY_TIME)?;
+    let index = txn.open_table(EXPIRY)?;
     let mut stats = Vec::with_capacity(partitions.len());
     for partition in partitions {
         let oldest = index
-            .range(partition_range(partition, |p| (p, i64::MIN, "")))?
+            .range(expiry::partition_rows(partition))?
             .next()
             .transpose()?
             .map(|(key, _)| key.value().1);

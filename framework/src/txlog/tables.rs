@@ -23,9 +23,10 @@ pub(super) const CHANGELOG_ID_KEY: &str = "changelog_topic_id";
 /// (partition, event ID) -> (input offset, processed_at_ms).
 pub(super) const PROCESSED: TableDefinition<'_, (i32, &str), (i64, i64)> =
     TableDefinition::new("processed");
-/// (partition, processed_at_ms, event ID) -> (): the expiry index, oldest first.
-pub(super) const PROCESSED_BY_TIME: TableDefinition<'_, (i32, i64, &str), ()> =
-    TableDefinition::new("processed_by_time");
+/// (partition, processed_at_ms, row number) -> the IDs of the entries processed then: the
+/// expiry index, oldest first (`expiry.rs`).
+pub(super) const EXPIRY: TableDefinition<'_, (i32, i64, u32), &[u8]> =
+    TableDefinition::new("expiry");
 /// partition -> number of rows of [`PROCESSED`]; absent when zero.
 pub(super) const PROCESSED_COUNT: TableDefinition<'_, i32, u64> =
     TableDefinition::new("processed_count");

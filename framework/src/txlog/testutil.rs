@@ -7,9 +7,8 @@ use redb::{ReadableDatabase, ReadableTable};
 use tempfile::TempDir;
 
 use super::TxLog;
-use super::tables::{
-    CHECKPOINT, PROCESSED, PROCESSED_BY_TIME, PROCESSED_COUNT, STATE, STATE_COUNT,
-};
+use super::expiry;
+use super::tables::{CHECKPOINT, EXPIRY, PROCESSED, PROCESSED_COUNT, STATE, STATE_COUNT};
 
 /// A log in a new temporary directory; keep the directory alive as long as the log.
 pub(super) fn open_temp() -> (TempDir, TxLog) {
@@ -65,16 +64,19 @@ impl Snapshot {
         }
 
         let mut index = Vec::new();
-        for row in txn
-            .open_table(PROCESSED_BY_TIME)
-            .expect("table")
-            .iter()
-            .expect("iter")
-        {
-            let (key, _) = row.expect("row");
-            let (partition, at, id) = key.value();
-            index.push((partition, at, id.to_string()));
+        for row in txn.open_table(EXPIRY).expect("table").iter().expect("iter") {
+            let (key, value) = row.expect("row");
+            let (partition, at, number) = key.value();
+            let ids = expiry::decode(value.value()).expect("an index row decodes");
+            assert!(
+                !ids.is_empty() && ids.len() <= expiry::IDS_PER_ROW,
+                "index row {key:?} holds {} IDs",
+                ids.len(),
+                key = (partition, at, number)
+            );
+            index.extend(ids.into_iter().map(|id| (partition, at, id.to_string())));
         }
+        index.sort();
         let mut expected_index: Vec<_> = snapshot
             .processed
             .iter()

@@ -732,3 +732,166 @@ fn a_small_cache_overflowed_between_syncs_still_opens_at_the_last_sync() {
         KILLED_CHILD_KEYS as u64 + 1
     );
 }
+
+/// The rows of `partition`'s expiry index: (time, number of IDs), oldest first.
+fn index_rows(log: &TxLog, partition: i32) -> Vec<(i64, usize)> {
+    let txn = log.db.begin_read().unwrap();
+    let index = txn.open_table(EXPIRY).unwrap();
+    index
+        .range(expiry::partition_rows(partition))
+        .unwrap()
+        .map(|row| {
+            let (key, value) = row.unwrap();
+            (key.value().1, expiry::decode(value.value()).unwrap().len())
+        })
+        .collect()
+}
+
+#[test]
+fn a_batchs_entries_share_index_rows_which_fill_up_and_empty_in_parts() {
+    let per_row = expiry::IDS_PER_ROW;
+    let (_dir, log) = open_temp();
+    let batch = |from: usize, to: usize, at: i64| -> Vec<Change> {
+        (from..to)
+            .map(|n| processed(&format!("e{n:04}"), n as i64, at))
+            .collect()
+    };
+    // Two rows and a half at one time.
+    let first = 2 * per_row + per_row / 2;
+    log.apply(&[(0, batch(0, first, 100), None)]).unwrap();
+    assert_eq!(
+        index_rows(&log, 0),
+        [(100, per_row), (100, per_row), (100, per_row / 2)]
+    );
+    // A later apply at the same time fills the last row, then starts another.
+    log.apply(&[(0, batch(first, first + per_row, 100), None)])
+        .unwrap();
+    assert_eq!(
+        index_rows(&log, 0),
+        [
+            (100, per_row),
+            (100, per_row),
+            (100, per_row),
+            (100, per_row / 2)
+        ]
+    );
+    // An older time sorts first, and expires first.
+    log.apply(&[(0, batch(9000, 9002, 50), None)]).unwrap();
+    let due = log.expired(0, 101, None, per_row + 1).unwrap();
+    let mut expected = ids(&["e9000", "e9001"]);
+    expected.extend((0..per_row - 1).map(|n| format!("e{n:04}")));
+    assert_eq!(due, expected, "oldest first, then in the order processed");
+
+    // Expiring part of a row rewrites it; expiring a whole one removes it.
+    log.apply(&[(0, due.iter().map(|id| expired(id)).collect(), None)])
+        .unwrap();
+    assert_eq!(index_rows(&log, 0)[0], (100, 1));
+    assert_eq!(index_rows(&log, 0).len(), 4);
+    let total = first + per_row + 2;
+    assert_eq!(
+        log.stats().unwrap()[0].processed_entries as usize,
+        total - due.len()
+    );
+    assert_eq!(log.stats().unwrap()[0].oldest_processed_at_ms, Some(100));
+    Snapshot::of(&log);
+}
+
+#[test]
+fn an_entry_processed_again_moves_to_its_new_time_and_replaying_it_moves_nothing() {
+    let (_dir, log) = open_temp();
+    let first = vec![processed("a", 1, 10), processed("b", 2, 10)];
+    log.apply(&[(0, first.clone(), None)]).unwrap();
+    // Past the window, "a" comes again: processed anew, at a later time.
+    let again = vec![processed("a", 9, 20)];
+    log.apply(&[(0, again.clone(), None)]).unwrap();
+    assert_eq!(index_rows(&log, 0), [(10, 1), (20, 1)]);
+    assert_eq!(log.expired(0, 15, None, 10).unwrap(), ids(&["b"]));
+    // A replay of both batches (a crash before the checkpoint) changes nothing.
+    let before = Snapshot::of(&log);
+    log.apply(&[(0, [first, again].concat(), None)]).unwrap();
+    assert_eq!(Snapshot::of(&log), before);
+    assert_eq!(index_rows(&log, 0), [(10, 1), (20, 1)]);
+    // Processed, expired and processed again within one apply: one entry, one row.
+    log.apply(&[(
+        0,
+        vec![processed("c", 3, 30), expired("c"), processed("c", 4, 30)],
+        None,
+    )])
+    .unwrap();
+    assert_eq!(index_rows(&log, 0), [(10, 1), (20, 1), (30, 1)]);
+    Snapshot::of(&log);
+}
+
+/// One change of the property test below: partition, ID, and a time for `Processed`
+/// (`None`: expired).
+#[derive(Debug, Clone)]
+struct IndexOp {
+    partition: i32,
+    id: u8,
+    at: Option<i64>,
+}
+
+fn index_op() -> impl proptest::strategy::Strategy<Value = IndexOp> {
+    use proptest::prelude::*;
+    (0..2i32, 0..10u8, proptest::option::weighted(0.7, 1..5i64))
+        .prop_map(|(partition, id, at)| IndexOp { partition, id, at })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+    /// However changes are grouped into applies, the expiry index holds exactly the
+    /// entries, each under its time (`Snapshot::of` checks that after every apply), and
+    /// expiry hands every entry back oldest first.
+    #[test]
+    fn the_expiry_index_follows_every_change_however_they_are_grouped(
+        ops in proptest::collection::vec(index_op(), 0..80),
+        cuts in proptest::collection::vec(0..80usize, 0..10),
+    ) {
+        let (_dir, log) = open_temp();
+        let mut model: BTreeMap<(i32, String), (i64, i64)> = BTreeMap::new();
+        let mut cuts = cuts;
+        cuts.push(ops.len());
+        cuts.sort_unstable();
+        let mut from = 0;
+        for cut in cuts {
+            let to = cut.min(ops.len());
+            if to < from {
+                continue;
+            }
+            let mut batch: BTreeMap<i32, Vec<Change>> = BTreeMap::new();
+            for (offset, op) in ops[from..to].iter().enumerate() {
+                let id = format!("id{}", op.id);
+                let changes = batch.entry(op.partition).or_default();
+                match op.at {
+                    Some(at) => {
+                        let offset = (from + offset) as i64;
+                        changes.push(processed(&id, offset, at));
+                        model.insert((op.partition, id), (offset, at));
+                    }
+                    None => {
+                        changes.push(expired(&id));
+                        model.remove(&(op.partition, id));
+                    }
+                }
+            }
+            let batch: Vec<_> = batch.into_iter().map(|(p, c)| (p, c, None)).collect();
+            log.apply(&batch).unwrap();
+            proptest::prop_assert_eq!(&Snapshot::of(&log).processed, &model);
+            from = to;
+        }
+        for partition in 0..2 {
+            let due = log.expired(partition, i64::MAX, None, usize::MAX).unwrap();
+            let times: Vec<i64> = due.iter().map(|id| model[&(partition, id.clone())].1).collect();
+            proptest::prop_assert!(times.is_sorted(), "not oldest first: {:?}", times);
+            let mut due = due;
+            due.sort();
+            let expected: Vec<String> = model
+                .keys()
+                .filter(|(p, _)| *p == partition)
+                .map(|(_, id)| id.clone())
+                .collect();
+            proptest::prop_assert_eq!(due, expected);
+        }
+    }
+}
