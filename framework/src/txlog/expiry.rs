@@ -34,6 +34,9 @@ pub(super) const IDS_PER_ROW: usize = 512;
 #[cfg(test)]
 pub(super) const IDS_PER_ROW: usize = 4;
 
+/// The key of an index row: `(partition, processed_at_ms, row number)`.
+type Key = (i32, i64, u32);
+
 /// The index table's type: `(partition, processed_at_ms, row)` -> encoded IDs.
 pub(super) type Index<'txn> = Table<'txn, Key, &'static [u8]>;
 
@@ -81,8 +84,9 @@ pub(super) struct Edits<'c> {
 struct TimeEdits<'c> {
     /// IDs to add, in order; `None` where one was added and then removed again.
     added: Vec<Option<&'c str>>,
-    /// Where each ID still to add is in `added`.
-    positions: HashMap<&'c str, usize>,
+    /// Where each ID still to add is in `added`: built by the first removal, since most
+    /// transactions remove nothing they added and should not hash every ID for it.
+    positions: Option<HashMap<&'c str, usize>>,
     /// IDs to take out of the rows already written.
     removed: HashSet<&'c str>,
 }
@@ -91,18 +95,31 @@ impl<'c> Edits<'c> {
     /// `id` was processed at `at` in `partition`; it is in no row of that time yet.
     pub(super) fn add(&mut self, partition: i32, at: i64, id: &'c str) {
         let time = self.times.entry((partition, at)).or_default();
-        time.positions.insert(id, time.added.len());
+        if let Some(positions) = &mut time.positions {
+            positions.insert(id, time.added.len());
+        }
         time.added.push(Some(id));
     }
 
     /// `id`, processed at `at` in `partition`, is no longer an entry of that time.
     pub(super) fn remove(&mut self, partition: i32, at: i64, id: &'c str) {
-        let time = self.times.entry((partition, at)).or_default();
-        match time.positions.remove(id) {
+        let TimeEdits {
+            added,
+            positions,
+            removed,
+        } = self.times.entry((partition, at)).or_default();
+        let positions = positions.get_or_insert_with(|| {
+            added
+                .iter()
+                .enumerate()
+                .filter_map(|(position, id)| Some(((*id)?, position)))
+                .collect()
+        });
+        match positions.remove(id) {
             // Added by this transaction: it never reaches a row.
-            Some(position) => time.added[position] = None,
+            Some(position) => added[position] = None,
             None => {
-                time.removed.insert(id);
+                removed.insert(id);
             }
         }
     }
@@ -131,7 +148,7 @@ fn remove_from_rows(
     removed: &HashSet<&str>,
 ) -> Result<(), redb::Error> {
     let mut rewrites: Vec<(u32, Option<Vec<u8>>)> = Vec::new();
-    for row in index.range((partition, at, 0)..=(partition, at, u32::MAX))? {
+    for row in index.range(time_rows(partition, at))? {
         let (key, value) = row?;
         let ids = decode(value.value())?;
         let kept: Vec<&str> = ids
@@ -157,7 +174,7 @@ fn remove_from_rows(
 /// ones numbered after it.
 fn append(index: &mut Index<'_>, partition: i32, at: i64, ids: &[&str]) -> Result<(), redb::Error> {
     let last = index
-        .range((partition, at, 0)..=(partition, at, u32::MAX))?
+        .range(time_rows(partition, at))?
         .next_back()
         .transpose()?
         .map(|(key, value)| (key.value().2, value.value().to_vec()));
@@ -172,17 +189,10 @@ fn append(index: &mut Index<'_>, partition: i32, at: i64, ids: &[&str]) -> Resul
             index.insert((partition, at, number), row.as_slice())?;
             rest = later;
         }
-        next = number.checked_add(1).ok_or_else(|| {
-            redb::Error::Corrupted("an expiry index time has 2^32 rows".to_owned())
-        })?;
+        next = row_number(number, 1)?;
     }
     for (offset, ids) in rest.chunks(IDS_PER_ROW).enumerate() {
-        let number = u32::try_from(offset)
-            .ok()
-            .and_then(|offset| next.checked_add(offset))
-            .ok_or_else(|| {
-                redb::Error::Corrupted("an expiry index time has 2^32 rows".to_owned())
-            })?;
+        let number = row_number(next, offset)?;
         index.insert(
             (partition, at, number),
             encode(ids.iter().copied()).as_slice(),
@@ -191,8 +201,18 @@ fn append(index: &mut Index<'_>, partition: i32, at: i64, ids: &[&str]) -> Resul
     Ok(())
 }
 
-/// The key of an index row: `(partition, processed_at_ms, row number)`.
-type Key = (i32, i64, u32);
+/// The row `offset` rows after row `number`.
+fn row_number(number: u32, offset: usize) -> Result<u32, redb::Error> {
+    u32::try_from(offset)
+        .ok()
+        .and_then(|offset| number.checked_add(offset))
+        .ok_or_else(|| redb::Error::Corrupted("an expiry index time has 2^32 rows".to_owned()))
+}
+
+/// The rows of `(partition, at)`, in order.
+fn time_rows(partition: i32, at: i64) -> std::ops::RangeInclusive<Key> {
+    (partition, at, 0)..=(partition, at, u32::MAX)
+}
 
 /// The index rows' bounds for `partition`, oldest first.
 pub(super) fn partition_rows(partition: i32) -> (Bound<Key>, Bound<Key>) {
