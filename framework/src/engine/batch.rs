@@ -49,11 +49,11 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         let mut part = Part::new(self.txlog, config)?;
         let mut first = 0;
         let mut index = 0;
-        let mut retry = Retry::new(config);
         // A transaction open longer than `transaction.timeout.ms` is aborted by its
         // coordinator: a slow batch commits what it has done at half of it.
         let bound = config.transaction_timeout / 2;
         let mut begun = std::time::Instant::now();
+        let mut retry = Retry::new(config, begun);
         let timed_out = |error: Error, begun: std::time::Instant| match error {
             Error::Fenced { detail, .. }
                 if config.delivery == DeliveryMode::ExactlyOnce
@@ -75,14 +75,17 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             match step {
                 Step::Next => {
                     index += 1;
-                    retry = Retry::new(config);
+                    // One clock read per record: the next one's start, and how long the
+                    // transaction has been open.
+                    let now = std::time::Instant::now();
+                    retry = Retry::new(config, now);
                     if config.delivery == DeliveryMode::ExactlyOnce
-                        && begun.elapsed() >= bound
+                        && now.duration_since(begun) >= bound
                         && index < records.len()
                     {
                         tracing::debug!(
                             committed = index - first,
-                            open_for = ?begun.elapsed(),
+                            open_for = ?now.duration_since(begun),
                             "the transaction is open for half its timeout: committing what is done"
                         );
                         self.commit(&records[first..index], part)
@@ -92,6 +95,8 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                         first = index;
                         self.producer.begin()?;
                         begun = std::time::Instant::now();
+                        // The commit is not the next record's time.
+                        retry = Retry::new(config, begun);
                     }
                 }
                 Step::Wait(delay) => {

@@ -209,10 +209,14 @@ fn gather(
 ) -> Result<Polled> {
     let deadline = Instant::now() + max_wait;
     let mut polled = Polled::default();
+    // A poll first takes what has arrived, without waiting: while records keep coming
+    // nobody reads a clock (neither this loop nor librdkafka, which reads one for any
+    // poll that may wait). Only when nothing has arrived does the next poll wait, until
+    // the deadline; past it, nothing waits and an empty poll ends the gathering.
+    let mut wait = Duration::ZERO;
     while polled.records.len() < max_records {
-        // Past the deadline, polls wait no more: they take only what has arrived.
-        let left = deadline.saturating_duration_since(Instant::now());
-        let (message, rebalances) = poll_once(left.min(Duration::from_millis(50)));
+        let (message, rebalances) = poll_once(wait);
+        wait = Duration::ZERO;
         for event in &rebalances {
             if let Rebalanced::Revoked(revoked) = event {
                 polled.records.retain(|r| !revoked.contains(&r.partition));
@@ -221,18 +225,25 @@ fn gather(
         let rebalanced = !rebalances.is_empty();
         polled.rebalances.extend(rebalances);
         match message {
-            None if left.is_zero() => break,
-            None => {}
             Some(Ok(record)) => polled.records.push(record),
+            None => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                wait = left.min(Duration::from_millis(50));
+            }
             Some(Err(error)) => {
                 if let Some(stop) = stopping(error, topic, instance_id) {
                     return Err(stop);
                 }
                 // Hand over what was gathered now; an error with nothing gathered is
                 // polled past (until the deadline).
+                let left = deadline.saturating_duration_since(Instant::now());
                 if !polled.records.is_empty() || left.is_zero() {
                     break;
                 }
+                wait = left.min(Duration::from_millis(50));
             }
         }
         if rebalanced {
@@ -801,6 +812,31 @@ mod tests {
             committed_offsets("orders", answers).expect("offsets"),
             [(0, Some(42)), (1, None)]
         );
+    }
+
+    #[test]
+    fn only_a_poll_after_an_empty_one_waits() {
+        let waits = std::cell::RefCell::new(Vec::new());
+        let mut script = vec![
+            (Some(Ok(record(0, 0))), Vec::new()),
+            (Some(Ok(record(0, 1))), Vec::new()),
+            (None, Vec::new()),
+            (Some(Ok(record(0, 2))), Vec::new()),
+            (Some(Ok(record(0, 3))), Vec::new()),
+        ]
+        .into_iter();
+        let poll_once = |wait| {
+            waits.borrow_mut().push(wait);
+            script.next().unwrap_or((None, Vec::new()))
+        };
+        let polled = gather(poll_once, 4, Duration::from_secs(5), "orders", "a").expect("polled");
+        assert_eq!(positions(&polled), [(0, 0), (0, 1), (0, 2), (0, 3)]);
+        let waits = waits.into_inner();
+        assert_eq!(waits.len(), 5, "{waits:?}");
+        assert!(waits[3] > Duration::ZERO, "after the empty poll: {waits:?}");
+        for (i, wait) in waits.iter().enumerate().filter(|(i, _)| *i != 3) {
+            assert_eq!(*wait, Duration::ZERO, "poll {i}: {waits:?}");
+        }
     }
 
     #[test]
