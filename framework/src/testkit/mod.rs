@@ -105,6 +105,22 @@ impl Kafka {
         }
     }
 
+    /// A handle on a broker that is already running whose clients (the producer of
+    /// [`Kafka::produce`], the readers) are given `properties`, `compression.type` for one.
+    pub fn connect_with(
+        bootstrap_servers: impl Into<String>,
+        properties: &[(&str, &str)],
+    ) -> Kafka {
+        let properties: Vec<(String, String)> = properties
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect();
+        Kafka {
+            options: ClientOptions::with_properties(bootstrap_servers, &properties),
+            broker: broker::Broker::External,
+        }
+    }
+
     /// Whether `topic` exists.
     pub async fn topic_exists(&self, topic: &str) -> Result<bool> {
         Ok(
