@@ -394,3 +394,56 @@ async fn input_compressed_with_any_codec_is_processed_exactly_once() -> TestResu
     }
     Ok(())
 }
+
+/// A batch damaged on the broker's disk is neither processed nor polled past.
+/// - Before, with librdkafka's default (`check.crcs` off), the damaged record reached the
+///   processor as other data: 60 outputs for 60 inputs, one of them for an event `#-25`
+///   that was never sent.
+/// - With CRCs checked but consumer errors only logged, as the engine did, librdkafka
+///   skipped the batch. It then misread the bytes after it as a batch at offset
+///   39,601,396,991,611, found that out of range, and reset the partition to its
+///   beginning, again and again, with a warning each time. Had it read on correctly,
+///   the next commit would have moved past records never processed.
+/// - The input consumer now checks CRCs by default and the instance stops at the error,
+///   with nothing past the damage committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_damaged_on_the_brokers_disk_stops_the_instance() -> TestResult {
+    let s = setup("bit-rot", 1).await?;
+    // Three batches, one write each: the second is damaged.
+    let batches = [
+        sum::amounts(0, 20, 5),
+        sum::amounts(20, 20, 5),
+        sum::amounts(40, 20, 5),
+    ];
+    for batch in &batches {
+        sum::produce(s.kafka, &s.input, batch).await?;
+    }
+    s.kafka.corrupt(&s.input, 0, "e-25").await?;
+
+    let engine = Engine::new(s.config("a"))?;
+    let shutdown = engine.shutdown_handle();
+    let mut running = tokio::spawn(engine.run(Sum::new(&s.output)));
+    let ended = tokio::time::timeout(WITHIN, &mut running).await;
+    let committed = s.kafka.committed_offsets(&s.group, &s.input).await?;
+    let outputs = sum::committed_outputs(s.kafka, &s.output).await?;
+    let Ok(ended) = ended else {
+        shutdown.trigger();
+        let _ = running.await;
+        panic!(
+            "the instance went on past the damaged batch: committed {committed:?}, {} outputs",
+            outputs.len()
+        );
+    };
+    let error = ended?.expect_err("the instance stopped without an error");
+    assert!(error.is_fatal(), "{error}");
+    assert!(
+        error.to_string().contains("could not read a batch"),
+        "{error}"
+    );
+    // Nothing at or past the damaged batch (offsets 20..40) is committed or output.
+    let at = committed.get(&0).copied().flatten().unwrap_or(0);
+    assert!(at <= 20, "committed past the damaged batch: {committed:?}");
+    let first: Vec<Amount> = batches[0].iter().take(at as usize).cloned().collect();
+    sum::assert_exactly_once(&first, &outputs);
+    Ok(())
+}

@@ -152,6 +152,9 @@ const FETCH_QUEUE_BACKOFF_MS: &str = "1";
 ///   and 38k-55k (2026-12-06). A full queue's partition is looked at again every
 ///   millisecond by its broker thread, which does nothing else then.
 /// - `statistics.interval.ms`: statistics feed the lag metric every 5 s.
+/// - `check.crcs`: librdkafka checks each fetched batch's CRC (its default is not to, the
+///   Java consumer's is to), so a batch damaged on the broker's disk or on the way stops
+///   the instance (see `unreadable`) rather than reach the processor as other data.
 fn input_config(
     options: &ClientOptions,
     group: &str,
@@ -167,6 +170,7 @@ fn input_config(
             ("queued.max.messages.kbytes", &prefetch_kbytes),
             ("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS),
             ("statistics.interval.ms", "5000"),
+            ("check.crcs", "true"),
         ],
         &[
             ("group.id", group),
@@ -287,6 +291,20 @@ fn stopping(error: KafkaError, topic: &str, instance_id: &str) -> Option<crate::
     let consume = crate::Operation::Consume {
         topic: topic.to_owned(),
     };
+    if let KafkaError::MessageConsumption(code) = &error
+        && unreadable(*code)
+    {
+        return Some(crate::Error::Kafka {
+            operation: consume,
+            code: (*code).into(),
+            message: format!(
+                "{error}: librdkafka could not read a batch of records (its log names the \
+                 partition and offset) and skips it or fetches it again; going on would \
+                 commit offsets past records never processed, so the instance stops"
+            ),
+            class: crate::error::ErrorClass::Fatal,
+        });
+    }
     let error = kafka_error(consume, error);
     if error.has_code(rdkafka::types::RDKafkaErrorCode::FencedInstanceId) {
         return Some(crate::Error::Fenced {
@@ -299,6 +317,15 @@ fn stopping(error: KafkaError, topic: &str, instance_id: &str) -> Option<crate::
     }
     tracing::warn!(%error, "consumer error during a poll; going on with what was gathered");
     None
+}
+
+/// Whether a consume error means librdkafka could not read a batch of records it fetched:
+/// one that failed its CRC (`check.crcs`, on by default here), which librdkafka skips and
+/// goes on past; one of a message format it does not know, skipped too; or one it could
+/// not decompress (a codec it was built without, or corrupt data), fetched again forever.
+fn unreadable(code: rdkafka::types::RDKafkaErrorCode) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(code, C::BadMessage | C::NotImplemented | C::BadCompression)
 }
 
 /// Who a group has under an instance ID, after that instance's consumer was fenced.
@@ -769,6 +796,25 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_librdkafka_cannot_read_stops_the_instance() {
+        // librdkafka skips a batch that fails its CRC or has an unknown format, and
+        // fetches again one it cannot decompress: none may be polled past.
+        for code in [C::BadMessage, C::NotImplemented, C::BadCompression] {
+            let polled = gathered(vec![
+                (Some(Ok(record(0, 0))), Vec::new()),
+                consumption(code),
+                (Some(Ok(record(0, 9))), Vec::new()),
+            ]);
+            let error = polled.expect_err("an unreadable batch was polled past");
+            assert!(error.is_fatal(), "{code:?}: {error}");
+            assert!(
+                error.to_string().contains("could not read a batch"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
     fn being_fenced_or_a_fatal_error_stops() {
         let fenced = gathered(vec![
             (Some(Ok(record(0, 0))), Vec::new()),
@@ -876,6 +922,7 @@ mod tests {
         );
         assert_eq!(batch.get("fetch.queue.backoff.ms"), Some("1"));
         assert_eq!(batch.get("statistics.interval.ms"), Some("5000"));
+        assert_eq!(batch.get("check.crcs"), Some("true"));
         // A small batch still keeps a thousand records per partition ahead.
         assert_eq!(config(&[], 1).get("queued.min.messages"), Some("1000"));
         let own = config(
@@ -884,6 +931,7 @@ mod tests {
                 ("queued.max.messages.kbytes", "65536"),
                 ("fetch.queue.backoff.ms", "500"),
                 ("statistics.interval.ms", "1000"),
+                ("check.crcs", "false"),
                 // What the engine needs is not the user's to change.
                 ("enable.auto.commit", "true"),
             ],
@@ -893,6 +941,7 @@ mod tests {
         assert_eq!(own.get("queued.max.messages.kbytes"), Some("65536"));
         assert_eq!(own.get("fetch.queue.backoff.ms"), Some("500"));
         assert_eq!(own.get("statistics.interval.ms"), Some("1000"));
+        assert_eq!(own.get("check.crcs"), Some("false"));
         assert_eq!(own.get("enable.auto.commit"), Some("false"));
     }
 }

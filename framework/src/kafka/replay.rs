@@ -119,6 +119,9 @@ pub(crate) fn read_partition<T>(
                 ("queued.max.messages.kbytes", "8192"),
                 ("isolation.level", isolation),
                 ("auto.offset.reset", "earliest"),
+                // A batch damaged on disk fails the replay (an error that is not
+                // retriable) rather than be skipped, which would drop dedup entries.
+                ("check.crcs", "true"),
             ])
             .create_with_context(Reader)
             .map_err(|e| known_topic_error(&operation, e))

@@ -7,7 +7,7 @@
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use testcontainers::core::{ContainerPort, IntoContainerPort};
+use testcontainers::core::{ContainerPort, ExecCommand, IntoContainerPort};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 use tokio::sync::{Mutex, OnceCell};
@@ -124,6 +124,57 @@ impl Broker {
             })
             .await
             .map_err(|e| Error::Broker(format!("{what}: {e}")))?
+    }
+
+    /// Overwrites the first byte of the first stored copy of `needle` in `topic`'s
+    /// `partition` log on the broker's disk (through the page cache the broker reads and
+    /// sends from), and returns that byte's position in the segment.
+    pub(super) async fn corrupt(&self, topic: &str, partition: i32, needle: &str) -> Result<u64> {
+        let Broker::Container { id } = self else {
+            return Err(Error::Broker(
+                "cannot corrupt the log of a broker reached through ONCEFLOW_TEST_BOOTSTRAP".into(),
+            ));
+        };
+        let ok = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+        if !topic.chars().all(ok) || needle.is_empty() || !needle.chars().all(ok) {
+            return Err(Error::Broker(format!(
+                "corrupt: `{topic}` and `{needle}` must be letters, digits, `-`, `_`, `.`"
+            )));
+        }
+        // The segment holding the first copy; a byte that differs from the needle's first.
+        let script = format!(
+            "set -e; for f in /var/lib/kafka/data/{topic}-{partition}/*.log; do \
+               at=$(grep -obUa -m1 '{needle}' \"$f\" | head -n1 | cut -d: -f1); \
+               if [ -n \"$at\" ]; then \
+                 printf '#' | dd of=\"$f\" bs=1 seek=\"$at\" count=1 conv=notrunc 2>/dev/null; \
+                 echo \"onceflow-corrupted=$at\"; exit 0; \
+               fi; \
+             done; echo onceflow-not-found"
+        );
+        let id = id.clone();
+        let output = DOCKER
+            .spawn(async move {
+                let guard = CONTAINERS.lock().await;
+                let container = find(&guard, &id)
+                    .ok_or_else(|| Error::Broker("corrupt: the container is gone".into()))?;
+                let mut result = container
+                    .exec(ExecCommand::new(["sh", "-c", script.as_str()]))
+                    .await
+                    .map_err(|e| Error::Broker(format!("corrupt: {e}")))?;
+                let stdout = result.stdout_to_vec().await.unwrap_or_default();
+                Ok::<_, Error>(String::from_utf8_lossy(&stdout).into_owned())
+            })
+            .await
+            .map_err(|e| Error::Broker(format!("corrupt: {e}")))??;
+        output
+            .lines()
+            .find_map(|line| line.strip_prefix("onceflow-corrupted="))
+            .and_then(|at| at.trim().parse().ok())
+            .ok_or_else(|| {
+                Error::Broker(format!(
+                    "corrupt: `{needle}` not found in the log of `{topic}` [{partition}]: {output}"
+                ))
+            })
     }
 
     pub(super) async fn log_tail(&self, lines: usize) -> String {

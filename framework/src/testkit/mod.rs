@@ -194,6 +194,14 @@ impl Kafka {
         client::committed_offsets(&self.options, group, topic, DEFAULT_TIMEOUT).await
     }
 
+    /// Bit rot on the broker's disk: overwrites the first byte of the first stored copy of
+    /// `needle` (letters, digits, `-`, `_`, `.`) in the log of `topic`'s `partition`, so
+    /// the batch holding it fails its CRC when read. Returns the byte's position in its
+    /// segment. Only possible on a broker the testkit started.
+    pub async fn corrupt(&self, topic: &str, partition: i32, needle: &str) -> Result<u64> {
+        self.broker.corrupt(topic, partition, needle).await
+    }
+
     /// Freezes the broker (every client request goes unanswered) until [`Kafka::unpause`].
     /// Only possible on a broker the testkit started.
     pub async fn pause(&self) -> Result<()> {
