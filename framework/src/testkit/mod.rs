@@ -99,10 +99,7 @@ pub struct Kafka {
 impl Kafka {
     /// A handle on a broker that is already running (nothing is started or checked).
     pub fn connect(bootstrap_servers: impl Into<String>) -> Kafka {
-        Kafka {
-            options: ClientOptions::new(bootstrap_servers),
-            broker: broker::Broker::External,
-        }
+        Kafka::connect_with(bootstrap_servers, &[])
     }
 
     /// A handle on a broker that is already running whose clients (the producer of
