@@ -1,6 +1,7 @@
 //! Exactly-once holes seen under ordinary failures, each shown against the real broker:
 //! event IDs that are not IDs, the dedup window, records the broker refuses for good,
-//! slow batches, the order of writes in at-least-once mode, and compressed input.
+//! slow batches, the order of writes in at-least-once mode, compressed input, and a batch
+//! damaged on the broker's disk.
 
 use std::time::Duration;
 

@@ -151,19 +151,10 @@ impl Broker {
                fi; \
              done; echo onceflow-not-found"
         );
+        let command = vec!["sh".to_owned(), "-c".to_owned(), script];
         let id = id.clone();
         let output = DOCKER
-            .spawn(async move {
-                let guard = CONTAINERS.lock().await;
-                let container = find(&guard, &id)
-                    .ok_or_else(|| Error::Broker("corrupt: the container is gone".into()))?;
-                let mut result = container
-                    .exec(ExecCommand::new(["sh", "-c", script.as_str()]))
-                    .await
-                    .map_err(|e| Error::Broker(format!("corrupt: {e}")))?;
-                let stdout = result.stdout_to_vec().await.unwrap_or_default();
-                Ok::<_, Error>(String::from_utf8_lossy(&stdout).into_owned())
-            })
+            .spawn(async move { exec(&id, command).await })
             .await
             .map_err(|e| Error::Broker(format!("corrupt: {e}")))??;
         output
@@ -421,10 +412,19 @@ pub(super) async fn remove_at_exit(dir: std::path::PathBuf) {
     register_removal_at_exit();
 }
 
-/// The started containers, for a command to run in one of them.
-pub(super) async fn containers()
--> tokio::sync::MutexGuard<'static, Vec<ContainerAsync<GenericImage>>> {
-    CONTAINERS.lock().await
+/// Runs `command` in the started container `id` and returns its standard output (an exit
+/// status is for the command to print: `ExecResult::exit_code` borrows across an await
+/// what cannot be shared between threads). Call it on [`DOCKER`].
+pub(super) async fn exec(id: &str, command: Vec<String>) -> Result<String> {
+    let guard = CONTAINERS.lock().await;
+    let container =
+        find(&guard, id).ok_or_else(|| Error::Broker(format!("container {id} is gone")))?;
+    let mut result = container
+        .exec(ExecCommand::new(command))
+        .await
+        .map_err(|e| Error::Broker(format!("running a command in container {id}: {e}")))?;
+    let stdout = result.stdout_to_vec().await.unwrap_or_default();
+    Ok(String::from_utf8_lossy(&stdout).into_owned())
 }
 
 /// Keeps `container` (so tests can pause it or read its log) and removes it at process

@@ -23,7 +23,7 @@
 use std::path::{Path, PathBuf};
 
 use testcontainers::ImageExt;
-use testcontainers::core::{ContainerPort, ExecCommand};
+use testcontainers::core::ContainerPort;
 use tokio::sync::OnceCell;
 
 use super::broker::{self, Broker, DOCKER};
@@ -369,8 +369,7 @@ async fn create_users_and_acls(id: &str, passwords: &[(TestUser, String)]) -> Re
             "acl User:nowrite TOPIC {LOCKED_PREFIX} PREFIXED {operation}"
         ));
     }
-    // Through `sh`, so the exit status arrives on stdout: ExecResult::exit_code borrows
-    // across an await what cannot be shared between threads.
+    // Through `sh`, so the exit status arrives on stdout (see `broker::exec`).
     let mut command = vec![
         "sh".to_owned(),
         "-c".into(),
@@ -383,17 +382,9 @@ async fn create_users_and_acls(id: &str, passwords: &[(TestUser, String)]) -> Re
         "localhost:9094".into(),
     ];
     command.extend(lines);
-    let guard = broker::containers().await;
-    let container = guard
-        .iter()
-        .find(|c| c.id() == id)
-        .ok_or_else(|| Error::Broker("the secured container is gone".into()))?;
-    let mut result = container
-        .exec(ExecCommand::new(command))
+    let output = broker::exec(id, command)
         .await
         .map_err(|e| Error::Broker(format!("running SecureSetup.java: {e}")))?;
-    let stdout = result.stdout_to_vec().await.unwrap_or_default();
-    let output = String::from_utf8_lossy(&stdout);
     if output.contains("onceflow-setup-exit=0") {
         return Ok(());
     }
