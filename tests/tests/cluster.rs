@@ -9,7 +9,8 @@
 //! - [`the_fault_matrix`]: Kafka's own transaction test with two `sum_processor`
 //!   processes as the copier, every bounce target hard and clean, a node cut off its
 //!   peers, an instance cut off the network (CI's size; `--features soak` for the full one);
-//! - a frozen instance that wakes as a zombie.
+//! - a frozen instance that wakes as a zombie;
+//! - an instance started while its transaction coordinator is down.
 //!
 //! The first test's events are a third without an event ID the engine sees, so a batch
 //! processed again shows as doubled outputs, not as dedup's skips. That is how it failed
@@ -193,6 +194,68 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
         3,
         "replicas {replicas:?}, in sync {in_sync:?}"
     );
+    Ok(())
+}
+
+/// An instance that starts while its transaction coordinator is down waits for the
+/// cluster to move the coordinator, as recovery does, instead of stopping. The node is
+/// killed just before the start, so the instance's first `init_transactions` finds no
+/// coordinator until the controller fences the node (the broker session timeout, 9 s)
+/// and another takes its transaction log's partition. A 3 s transaction timeout (the
+/// call's own limit) makes the first call time out every time; CI's fault matrix hit
+/// the same with the default 10 s, and its instance, restarted then, stopped with
+/// "init_transactions failed: Timed out" (exit 2) before this wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_while_its_transaction_coordinator_is_down_waits_for_it()
+-> Result<(), Box<dyn std::error::Error>> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    onceflow_e2e::test_logs();
+    let cluster: &'static Cluster = onceflow::testkit::cluster().await;
+    let op = Operator::on(cluster.kafka(), "late", 3).await?;
+    let events = sum::amounts(0, 600, 12);
+    sum::produce(op.kafka, &op.input, &events).await?;
+
+    let mut config = op.config("a");
+    config.transaction_timeout = Duration::from_secs(3);
+    let transactional_id = config.transactional_id();
+    // Kafka makes its transaction log at the first transactional producer: on a new
+    // cluster (this test alone) it is not there yet.
+    let warm_up = format!("{}-warm-up", op.group);
+    drop(tokio::task::block_in_place(|| {
+        onceflow_e2e::transactional_producer(op.kafka, &warm_up)
+    }));
+    let coordinator = cluster.transaction_coordinator(&transactional_id).await?;
+    eprintln!("killing node {coordinator}, the transaction coordinator, before the start");
+    cluster.kill(coordinator).await?;
+    let engine = Engine::new(config)?;
+    let shutdown = engine.shutdown_handle();
+    let running = tokio::spawn(engine.run(Sum::new(&op.output)));
+
+    // Longer than the call's 3 s, and long enough for the coordinator to move.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let stopped_early = running.is_finished();
+    cluster.start_node(coordinator).await?;
+    if stopped_early {
+        let stopped = running.await?;
+        cluster.heal().await?;
+        panic!("the instance stopped while its transaction coordinator was down: {stopped:?}");
+    }
+    let deadline = Instant::now() + WITHIN;
+    outputs_reach(&op, events.len(), deadline, &running).await;
+    if running.is_finished() {
+        panic!(
+            "the instance stopped after its coordinator came back: {:?}",
+            running.await?
+        );
+    }
+    let done = sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await;
+    shutdown.trigger();
+    let stopped = running.await?;
+    cluster.heal().await?;
+    done?;
+    stopped?;
+    let outputs = sum::committed_outputs(op.kafka, &op.output).await?;
+    sum::assert_exactly_once(&events, &outputs);
     Ok(())
 }
 
