@@ -16,8 +16,7 @@ use crate::Error;
 use crate::config::EngineConfig;
 use crate::engine::crash::CrashPlan;
 use crate::engine::fake::{FakeKafka, MemoryReplay};
-use crate::engine::recover::{Parts, Resync};
-use crate::engine::seams::Renew;
+use crate::engine::recover::{Parts, Resync, first_producer};
 use crate::engine::stats::{Phase, Shutdown, Stats};
 use crate::engine::{DEFAULT_MESSAGE_MAX_BYTES, serve, startup};
 use crate::processor::Processor;
@@ -49,7 +48,7 @@ impl<P: Processor> Instance<P> {
         kafka: &FakeKafka,
         processor: P,
     ) -> crate::Result<Self> {
-        let producer = kafka.renew().await?;
+        let producer = first_producer(kafka).await?;
         kafka.rejoin(kafka.partitions(&config.input_topic));
         Ok(Instance {
             processor,

@@ -84,7 +84,7 @@ use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
 use crate::kafka::{self, ClientOptions, InputConsumer, Isolation};
 use crate::processor::Processor;
 use crate::txlog::{self, Opened, TxLog};
-use backoff::{RECOVERY_PATIENCE, retry_transient, retry_transient_for};
+use backoff::retry_transient;
 use recover::{Parts, Resync};
 use seams::{ChangelogReplay, NewProducer};
 
@@ -224,11 +224,9 @@ impl Engine {
         })
         .await?;
 
-        // A cluster in the middle of a fault (the transaction coordinator's node away
-        // until another takes its place) is waited for as recovery waits for it: an
-        // instance restarted then must not stop on a retriable `init_transactions`.
-        let mut producer = retry_transient_for("create the producer", RECOVERY_PATIENCE, || {
-            seams::new_producer(options, &config)
+        let mut producer = recover::first_producer(&NewProducer {
+            options,
+            config: &config,
         })
         .await?;
         let subscribe = || {

@@ -356,6 +356,14 @@ async fn new_producer<P, N: Renew<P>>(renew: &N) -> Result<P> {
     retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || renew.renew()).await
 }
 
+/// An instance's first producer, waited for as long as recovery waits for a new one. An
+/// instance started in the middle of a fault (its transaction coordinator's node away
+/// until another node takes its place) must not stop on a retriable `init_transactions`:
+/// CI's fault matrix saw a restarted instance do that.
+pub(crate) async fn first_producer<P, N: Renew<P>>(renew: &N) -> Result<P> {
+    retry_transient_for("create the producer", RECOVERY_PATIENCE, || renew.renew()).await
+}
+
 impl<R, N> Resync<'_, R, N> {
     /// Drops from `records` those below the position catching up found for their
     /// partition; returns how many. A partition's floor is forgotten once a record at or

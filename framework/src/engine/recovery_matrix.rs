@@ -204,6 +204,42 @@ async fn a_new_producer_is_waited_for_while_the_cluster_recovers() {
     );
 }
 
+/// A start waits for its first producer as recovery does (CI's fault matrix: an instance
+/// restarted while its transaction coordinator's node was away stopped on the first
+/// `init_transactions` timeout); past `RECOVERY_PATIENCE` it stops, and a fatal error
+/// (no right to the transactional ID) stops it at once.
+#[tokio::test(start_paused = true)]
+async fn a_start_waits_for_its_first_producer_while_the_cluster_recovers() {
+    use crate::engine::backoff::RECOVERY_PATIENCE;
+    use crate::engine::recover::first_producer;
+    let renewals = |fake: &FakeKafka| fake.calls().iter().filter(|c| **c == Call::Renew).count();
+    let fake = FakeKafka::default();
+    for nth in 1..=12 {
+        fake.fail(Kind::Renew, None, nth, kafka(ErrorClass::Retriable));
+    }
+    first_producer(&fake)
+        .await
+        .expect("the producer, once the cluster is back");
+    assert_eq!(renewals(&fake), 13, "12 failures, then the producer");
+
+    let fake = FakeKafka::default();
+    for nth in 1..=1_000 {
+        fake.fail(Kind::Renew, None, nth, kafka(ErrorClass::Retriable));
+    }
+    let started = tokio::time::Instant::now();
+    assert!(first_producer(&fake).await.is_err());
+    let waited = started.elapsed();
+    assert!(
+        waited <= RECOVERY_PATIENCE && waited >= RECOVERY_PATIENCE - Duration::from_secs(5),
+        "gave up after {waited:?}"
+    );
+
+    let fake = FakeKafka::default();
+    fake.fail(Kind::Renew, None, 1, kafka(ErrorClass::Fatal));
+    assert!(first_producer(&fake).await.is_err());
+    assert_eq!(renewals(&fake), 1, "a fatal error is not tried again");
+}
+
 /// The coordinator aborted the transaction under the producer (it timed out).
 fn timed_out() -> Error {
     Error::TransactionTimedOut {
