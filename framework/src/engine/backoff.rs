@@ -18,7 +18,8 @@ pub(super) fn abort_backoff(failures: u32) -> Duration {
 /// while the old one's transaction is still being ended. The cluster test's isolated
 /// coordinator once kept `init_transactions` timing out for over a minute, which five
 /// attempts did not outlast. The consumer is held meanwhile, so the group keeps the
-/// instance's partitions.
+/// instance's partitions. A start waits as long for its first producer
+/// (`recover::first_producer`).
 pub(crate) const RECOVERY_PATIENCE: Duration = Duration::from_secs(300);
 
 /// The longest pause between two attempts of [`retry_transient_for`].
