@@ -77,6 +77,24 @@ async fn check_exactly_once(
     Ok(())
 }
 
+/// The end of a test with an in-process instance: waits until the group committed the
+/// whole input, stops the instance, heals the cluster, then fails on whichever of the
+/// wait or the instance failed.
+async fn stop_caught_up(
+    cluster: &Cluster,
+    op: &Operator,
+    shutdown: onceflow::Shutdown,
+    running: tokio::task::JoinHandle<onceflow::Result<onceflow::StatsSnapshot>>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let done = sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await;
+    shutdown.trigger();
+    let stopped = running.await?;
+    cluster.heal().await?;
+    done?;
+    stopped?;
+    Ok(())
+}
+
 /// One fault test at a time: the tests share the binary's cluster, and one test's
 /// faults would land in the middle of another's.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -162,12 +180,7 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
             stats.snapshot()
         );
     }
-    let done = sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await;
-    shutdown.trigger();
-    let stopped = running.await?;
-    cluster.heal().await?;
-    done?;
-    stopped?;
+    stop_caught_up(cluster, &op, shutdown, running).await?;
 
     check_exactly_once(&op, &events, watcher).await?;
     let snapshot = stats.snapshot();
@@ -248,12 +261,7 @@ async fn an_instance_started_while_its_transaction_coordinator_is_down_waits_for
             running.await?
         );
     }
-    let done = sum::wait_for_caught_up(op.kafka, &op.group, &op.input, WITHIN).await;
-    shutdown.trigger();
-    let stopped = running.await?;
-    cluster.heal().await?;
-    done?;
-    stopped?;
+    stop_caught_up(cluster, &op, shutdown, running).await?;
     let outputs = sum::committed_outputs(op.kafka, &op.output).await?;
     sum::assert_exactly_once(&events, &outputs);
     Ok(())
