@@ -41,8 +41,41 @@ impl Setup {
     ) -> Result<StatsSnapshot, Box<dyn std::error::Error>> {
         let engine = Engine::new(config)?;
         let shutdown = engine.shutdown_handle();
+        let stats = engine.stats();
         let running = tokio::spawn(engine.run(Sum::new(&self.output)));
-        sum::wait_for_outputs(self.kafka, &self.output, outputs, WITHIN).await?;
+        let deadline = tokio::time::Instant::now() + WITHIN;
+        while tokio::time::Instant::now() < deadline && !running.is_finished() {
+            if sum::committed_outputs(self.kafka, &self.output)
+                .await?
+                .len()
+                >= outputs
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let visible = sum::committed_outputs(self.kafka, &self.output)
+            .await?
+            .len();
+        if visible < outputs {
+            // Say why before the test fails: the instance stopped (and with what), or
+            // where its group stands against the input (CI saw this test stop at 7,400
+            // of 10,000 outputs once, 2026-12-06, with nothing else to go on).
+            let outcome = if running.is_finished() {
+                format!("stopped with {:?}", running.await?)
+            } else {
+                "still running".to_owned()
+            };
+            let committed = self.kafka.committed_offsets(&self.group, &self.input).await;
+            let ends = self.kafka.stable_ends(&self.input).await;
+            panic!(
+                "only {visible} of {outputs} outputs visible after {WITHIN:?}; the instance \
+                 {outcome} ({:?}): {:?}; the group's committed offsets {committed:?}, the \
+                 input's (stable, high) ends {ends:?}",
+                stats.phase(),
+                stats.snapshot()
+            );
+        }
         self.wait_for_caught_up().await?;
         shutdown.trigger();
         Ok(running.await??)
