@@ -160,6 +160,24 @@ pub async fn wait_for_outputs(
     }
 }
 
+/// Waits until at least `count` outputs are visible, or the instance behind `running`
+/// stopped, or `deadline` passed, without failing: the caller's checks then say what is
+/// missing and why. Reads that fail (a broker fault under way) are tried again.
+pub async fn outputs_reach<T>(
+    kafka: &Kafka,
+    topic: &str,
+    count: usize,
+    deadline: Instant,
+    running: &tokio::task::JoinHandle<T>,
+) {
+    while Instant::now() < deadline && !running.is_finished() {
+        match committed_outputs(kafka, topic).await {
+            Ok(outputs) if outputs.len() >= count => return,
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
 /// Checks exactly-once: every distinct input (by ID) has exactly one output, nothing
 /// else was output, each key's outputs come in input order with the exact running sum.
 /// `inputs` is every distinct event, in the order it was first produced.

@@ -43,22 +43,6 @@ use onceflow_e2e::{Operator, Watcher};
 
 const WITHIN: Duration = Duration::from_secs(240);
 
-/// Waits until `count` outputs are visible, or the instance stopped, or the deadline
-/// passed: then the caller's final checks say what is missing.
-async fn outputs_reach<T>(
-    op: &Operator,
-    count: usize,
-    deadline: Instant,
-    running: &tokio::task::JoinHandle<T>,
-) {
-    while Instant::now() < deadline && !running.is_finished() {
-        match sum::committed_outputs(op.kafka, &op.output).await {
-            Ok(outputs) if outputs.len() >= count => return,
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-}
-
 /// The final checks of every test here: each event exactly once with exact running
 /// sums, and the reader that ran through the faults saw what a final read sees (no
 /// aborted record ever visible, none in another order).
@@ -136,19 +120,19 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     let running = tokio::spawn(engine.run(Sum::new(&op.output)));
     let deadline = Instant::now() + WITHIN;
 
-    outputs_reach(&op, 1_200, deadline, &running).await;
+    sum::outputs_reach(op.kafka, &op.output, 1_200, deadline, &running).await;
     let coordinator = cluster.transaction_coordinator(&transactional_id).await?;
     eprintln!("killing node {coordinator}, the transaction coordinator");
     cluster.kill(coordinator).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     cluster.start_node(coordinator).await?;
 
-    outputs_reach(&op, 3_000, deadline, &running).await;
+    sum::outputs_reach(op.kafka, &op.output, 3_000, deadline, &running).await;
     let leader = cluster.leader(&op.input, 0).await?;
     eprintln!("restarting node {leader}, the leader of the input's partition 0");
     cluster.restart(leader).await?;
 
-    outputs_reach(&op, 4_500, deadline, &running).await;
+    sum::outputs_reach(op.kafka, &op.output, 4_500, deadline, &running).await;
     // Longer than the 6 s session timeout of the tests' configuration.
     let group = cluster.group_coordinator(&op.group).await?;
     eprintln!("pausing node {group}, the group coordinator, for 8 s");
@@ -162,7 +146,7 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
         panic!("the instance stopped during the faults: {stopped:?}");
     }
     let deadline = Instant::now() + WITHIN;
-    outputs_reach(&op, events.len(), deadline, &running).await;
+    sum::outputs_reach(op.kafka, &op.output, events.len(), deadline, &running).await;
     let visible = sum::committed_outputs(op.kafka, &op.output).await?.len();
     if visible < events.len() {
         // Say where they are before anything stops: stuck, uncommitted, or lost.
@@ -254,7 +238,7 @@ async fn an_instance_started_while_its_transaction_coordinator_is_down_waits_for
         panic!("the instance stopped while its transaction coordinator was down: {stopped:?}");
     }
     let deadline = Instant::now() + WITHIN;
-    outputs_reach(&op, events.len(), deadline, &running).await;
+    sum::outputs_reach(op.kafka, &op.output, events.len(), deadline, &running).await;
     if running.is_finished() {
         panic!(
             "the instance stopped after its coordinator came back: {:?}",

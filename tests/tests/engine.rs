@@ -43,17 +43,8 @@ impl Setup {
         let shutdown = engine.shutdown_handle();
         let stats = engine.stats();
         let running = tokio::spawn(engine.run(Sum::new(&self.output)));
-        let deadline = tokio::time::Instant::now() + WITHIN;
-        while tokio::time::Instant::now() < deadline && !running.is_finished() {
-            if sum::committed_outputs(self.kafka, &self.output)
-                .await?
-                .len()
-                >= outputs
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        let deadline = std::time::Instant::now() + WITHIN;
+        sum::outputs_reach(self.kafka, &self.output, outputs, deadline, &running).await;
         let visible = sum::committed_outputs(self.kafka, &self.output)
             .await?
             .len();
