@@ -148,21 +148,27 @@ struct ReportArgs {
     latency_events: u64,
     #[arg(long, default_value_t = 3)]
     repeats: usize,
-    /// Commit intervals of the sweep, ms (empty: no sweep).
-    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    /// Commit intervals of the sweep, ms. Each sweep's option given with no value
+    /// (`--sweep-commit-intervals`) leaves that sweep out.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "10,100,1000")]
     sweep_commit_intervals: Vec<u64>,
     /// Partition counts of the sweep.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,8,64")]
     sweep_partitions: Vec<i32>,
     /// Event sizes of the sweep, bytes (fewer events for big ones, see --sweep-bytes).
-    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "100,1000,10000")]
     sweep_sizes: Vec<usize>,
     /// Instance counts of the sweep (onceflow and Kafka Streams).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,2,3")]
     sweep_instances: Vec<usize>,
+    /// Events of each instance sweep run, at least (and not cut by --sweep-bytes): the
+    /// group's joins and rebalances take seconds, so a run of about one second (the
+    /// 200,000 events of the main runs) measures them rather than the instances' rate.
+    #[arg(long, default_value_t = 2_000_000)]
+    sweep_instance_events: u64,
     /// Dedup log sizes of the sweep (onceflow exactly-once): that many events are
     /// processed before the throughput phase. 10000000 works but takes minutes and GBs.
-    #[arg(long, value_delimiter = ',', default_value = "0,100000,1000000")]
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "0,100000,1000000")]
     sweep_dedup_ids: Vec<u64>,
     /// Input bytes per sweep run at most: events are cut to fit.
     #[arg(long, default_value_t = 100_000_000)]
@@ -414,6 +420,7 @@ fn plan(args: &ReportArgs) -> Vec<Planned> {
             "instances",
             points(&args.sweep_instances, &sweep_base, |s, instances| {
                 s.instances = instances;
+                s.events = s.events.max(args.sweep_instance_events);
                 instances.to_string()
             }),
             only(&[System::ExactlyOnce, System::Streams]),
