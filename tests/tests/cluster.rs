@@ -194,13 +194,14 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     Ok(())
 }
 
-/// An instance that starts while its transaction coordinator is down waits for the
-/// cluster to move the coordinator, as recovery does, instead of stopping. The node is
-/// killed just before the start, so the instance's first `init_transactions` finds no
-/// coordinator until the controller fences the node (the broker session timeout, 9 s)
-/// and another takes its transaction log's partition. A 3 s transaction timeout (the
-/// call's own limit) makes the first call time out every time; CI's fault matrix hit
-/// the same with the default 10 s, and its instance, restarted then, stopped with
+/// An instance that starts while its transaction coordinator is down waits for the cluster
+/// to move the coordinator, as recovery does, instead of stopping. The node is killed just
+/// before the start, so the instance's first `init_transactions` finds no coordinator until
+/// the node's broker session ends (`broker.session.timeout.ms`: 60 s in the testkit,
+/// Kafka's default is 9 s): then the controller fences it and another node takes its
+/// transaction log's partition, or the restarted node may register again. A 3 s transaction
+/// timeout (the call's own limit) makes the first calls time out; CI's fault matrix hit the
+/// same with the default 10 s, and its instance, restarted then, stopped with
 /// "init_transactions failed: Timed out" (exit 2) before this wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_started_while_its_transaction_coordinator_is_down_waits_for_it()
@@ -228,7 +229,8 @@ async fn an_instance_started_while_its_transaction_coordinator_is_down_waits_for
     let shutdown = engine.shutdown_handle();
     let running = tokio::spawn(engine.run(Sum::new(&op.output)));
 
-    // Longer than the call's 3 s, and long enough for the coordinator to move.
+    // Five of the call's 3 s, all while the coordinator is gone: the start must keep
+    // trying through them.
     tokio::time::sleep(Duration::from_secs(15)).await;
     let stopped_early = running.is_finished();
     cluster.start_node(coordinator).await?;
