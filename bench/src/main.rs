@@ -676,3 +676,69 @@ fn build_streams_jar(args: &ReportArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The report's plan for `onceflow-bench report ARGS`.
+    fn planned(args: &[&str]) -> Vec<Planned> {
+        let cli = Cli::try_parse_from(["onceflow-bench", "report"].iter().chain(args))
+            .expect("the arguments parse");
+        let Commands::Report(args) = cli.command else {
+            panic!("not the report command");
+        };
+        plan(&args)
+    }
+
+    fn sections(runs: &[Planned]) -> Vec<&str> {
+        let mut sections: Vec<&str> = runs.iter().map(|r| r.section.as_str()).collect();
+        sections.dedup();
+        sections
+    }
+
+    #[test]
+    fn a_sweep_option_given_no_value_leaves_that_sweep_out() {
+        let all = planned(&[]);
+        assert_eq!(
+            sections(&all),
+            [
+                "main",
+                "commit interval",
+                "partitions",
+                "payload bytes",
+                "instances",
+                "dedup log IDs"
+            ]
+        );
+        let some = planned(&[
+            "--sweep-commit-intervals",
+            "--sweep-partitions",
+            "--no-charts",
+        ]);
+        assert_eq!(
+            sections(&some),
+            ["main", "payload bytes", "instances", "dedup log IDs"]
+        );
+    }
+
+    /// At 200,000 events one instance is done in about a second, less than the group's
+    /// joins take: the instance sweep runs more, and its byte cap does not cut them.
+    #[test]
+    fn the_instance_sweep_runs_long_enough_to_measure_instances() {
+        let events = |runs: &[Planned], section: &str| -> Vec<u64> {
+            runs.iter()
+                .filter(|r| r.section == section)
+                .map(|r| r.settings.events)
+                .collect()
+        };
+        let runs = planned(&["--sweep-bytes", "1000000"]);
+        let instances = events(&runs, "instances");
+        assert!(!instances.is_empty());
+        assert!(instances.iter().all(|&n| n == 2_000_000), "{instances:?}");
+        assert!(events(&runs, "main").iter().all(|&n| n == 200_000));
+
+        let more = planned(&["--events", "3000000", "--sweep-instance-events", "10"]);
+        assert!(events(&more, "instances").iter().all(|&n| n == 3_000_000));
+    }
+}
