@@ -18,6 +18,9 @@
 //!   partitions paused and polled twice a second, so the member stays in the group past
 //!   `max.poll.interval.ms`. Never while a transaction is open: a rebalance is served
 //!   only between transactions. What those polls bring waits in [`Resync::take_held`].
+//!   Newly assigned partitions are not paused during their first
+//!   [`HOLD_AFTER_ASSIGNMENT`]: librdkafka may still be starting their fetchers, and a
+//!   pause then can leave one never fetched.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -41,6 +44,15 @@ pub(super) const ISOLATE_AFTER: u32 = 2;
 /// How often a held consumer is polled: far inside any `max.poll.interval.ms` librdkafka
 /// accepts with the broker's smallest session timeout (6 s by default).
 const KEEP_ALIVE_EVERY: Duration = Duration::from_millis(500);
+/// How long the catch-up of newly assigned partitions runs before the consumer is held.
+/// librdkafka starts a new partition's fetcher asynchronously, once the group's committed
+/// offset is known, and a pause that lands between the start being queued and being
+/// served makes it drop the start as outdated: the partition is then never fetched, with
+/// no error (librdkafka's issues 2190 and 5591; CI's benchmark smoke test saw a partition
+/// never processed). Most catch-ups are over well within this, and are never held; a
+/// longer one is held after it, when the starts are long served. Not polling meanwhile
+/// is far inside `max.poll.interval.ms`.
+pub(super) const HOLD_AFTER_ASSIGNMENT: Duration = Duration::from_secs(5);
 /// How long a fenced producer waits, its consumer held, for the consumer to hear of a
 /// successor before the fence is taken for the instance's own: two heartbeats at
 /// librdkafka's default `heartbeat.interval.ms` (3 s), and a margin.
@@ -587,8 +599,13 @@ impl<R: Restore, N> Resync<'_, R, N> {
         consumer: &C,
         partitions: &[i32],
     ) -> Result<Vec<(i32, Option<i64>)>> {
-        self.holding(consumer, self.catch_up_now(consumer, partitions))
-            .await
+        let mut work = std::pin::pin!(self.catch_up_now(consumer, partitions));
+        // Not held at once: see HOLD_AFTER_ASSIGNMENT.
+        tokio::select! {
+            outcome = &mut work => return outcome,
+            () = tokio::time::sleep(HOLD_AFTER_ASSIGNMENT) => {}
+        }
+        self.holding(consumer, work).await
     }
 
     /// Waits `delay` (back-off after a failed batch) with the consumer held.
