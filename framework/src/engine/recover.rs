@@ -283,7 +283,11 @@ where
     // An abort, a new producer and a replay can each take long: the consumer is held
     // through them (the transaction is over, or being aborted: nothing commits meanwhile).
     let undone = resync
-        .holding(consumer, undo(resync, consumer, producer, owned, cause))
+        .holding(
+            consumer,
+            Duration::ZERO,
+            undo(resync, consumer, producer, owned, cause),
+        )
         .await;
     // Where the partitions move settles how the failed batch is counted.
     resync
@@ -599,18 +603,17 @@ impl<R: Restore, N> Resync<'_, R, N> {
         consumer: &C,
         partitions: &[i32],
     ) -> Result<Vec<(i32, Option<i64>)>> {
-        let mut work = std::pin::pin!(self.catch_up_now(consumer, partitions));
-        // Not held at once: see HOLD_AFTER_ASSIGNMENT.
-        tokio::select! {
-            outcome = &mut work => return outcome,
-            () = tokio::time::sleep(HOLD_AFTER_ASSIGNMENT) => {}
-        }
-        self.holding(consumer, work).await
+        self.holding(
+            consumer,
+            HOLD_AFTER_ASSIGNMENT,
+            self.catch_up_now(consumer, partitions),
+        )
+        .await
     }
 
     /// Waits `delay` (back-off after a failed batch) with the consumer held.
     pub(super) async fn pause_for<C: Source>(&self, consumer: &C, delay: Duration) -> Result<()> {
-        self.holding(consumer, async {
+        self.holding(consumer, Duration::ZERO, async {
             tokio::time::sleep(delay).await;
             Ok(())
         })
@@ -632,16 +635,25 @@ impl<R: Restore, N> Resync<'_, R, N> {
             .is_empty()
     }
 
-    /// Runs `work` with the consumer held (see the module's invariants): the member stays
-    /// in the group however long `work` takes. No transaction may be open.
+    /// Runs `work` with the consumer held (see the module's invariants) once it has run
+    /// for `after` (at once when zero; [`HOLD_AFTER_ASSIGNMENT`] for newly assigned
+    /// partitions): the member stays in the group however long `work` takes. Work over
+    /// within `after` is never held. No transaction may be open.
     async fn holding<C: Source, T>(
         &self,
         consumer: &C,
+        after: Duration,
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
+        let mut work = std::pin::pin!(work);
+        if !after.is_zero() {
+            tokio::select! {
+                outcome = &mut work => return outcome,
+                () = tokio::time::sleep(after) => {}
+            }
+        }
         consumer.hold().await?;
         let outcome = {
-            let mut work = std::pin::pin!(work);
             let mut ticks = tokio::time::interval(KEEP_ALIVE_EVERY);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
