@@ -13,7 +13,8 @@
 //! Invariants:
 //! - redb is changed only after the batch is durable, and only with the changelog offsets
 //!   it reached.
-//! - At least once writes a dedup entry only after the outputs it stands for landed.
+//! - At least once writes a dedup entry only after the outputs and the state changes it
+//!   stands for landed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -71,6 +72,9 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             overlay.into_changes()
         };
         changelog::add_progress(&mut changes, &next_offsets);
+        // Where the changelog records landed, once acknowledged (with the transaction's
+        // commit at the latest).
+        let mut landed: BTreeMap<i32, Landed> = BTreeMap::new();
         // At least once has no transaction to make outputs and dedup entries land
         // together: the outputs and dead letters must have landed before any dedup entry
         // is written, or a failed output would leave its input marked processed (and its
@@ -83,21 +87,45 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             }
         }
         let mut pending_changelog: Vec<(i32, K::Pending)> = Vec::new();
-        for (partition, list) in &changes {
-            for change in list {
-                let (key, value) = change.encode();
-                let pending = self
-                    .producer
-                    .send(Outgoing {
-                        topic: self.changelog,
-                        partition: Some(*partition),
-                        key: Some(&key),
-                        value: value.as_deref(),
-                        headers: &[],
-                        timestamp_ms: None,
-                    })
-                    .await?;
-                pending_changelog.push((*partition, pending));
+        // At least once sends outside a transaction, so any record of the changelog may
+        // land while one sent before it fails: a dedup entry that landed without the
+        // state changes of its record would make the record's next delivery a duplicate
+        // and lose its changes for good (hole C of issue 40). So the state changes (and
+        // expiries) land first, and only then the dedup entries and progress: a failure
+        // in between makes the records come again and do their work twice, which at
+        // least once allows. Exactly once sends them all in one transaction.
+        let waves: &[Option<Wave>] = if config.delivery == DeliveryMode::AtLeastOnce {
+            &[Some(Wave::State), Some(Wave::Entries)]
+        } else {
+            &[None]
+        };
+        for wave in waves {
+            for (partition, list) in &changes {
+                for change in list {
+                    if wave.is_some_and(|wave| Wave::of(change) != wave) {
+                        continue;
+                    }
+                    let (key, value) = change.encode();
+                    let pending = self
+                        .producer
+                        .send(Outgoing {
+                            topic: self.changelog,
+                            partition: Some(*partition),
+                            key: Some(&key),
+                            value: value.as_deref(),
+                            headers: &[],
+                            timestamp_ms: None,
+                        })
+                        .await?;
+                    pending_changelog.push((*partition, pending));
+                }
+            }
+            if *wave == Some(Wave::State) {
+                self.producer.flush().await?;
+                for (partition, pending) in pending_changelog.drain(..) {
+                    let (_, offset) = pending.landed().await?;
+                    Landed::extend(&mut landed, partition, offset);
+                }
             }
         }
 
@@ -130,18 +158,10 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             });
         }
         let committing = Instant::now();
-        // Where the changelog records landed, once acknowledged (with the transaction's
-        // commit at the latest).
-        let mut landed: BTreeMap<i32, Landed> = BTreeMap::new();
         let mut await_changelog = async |pending_changelog: Vec<(i32, K::Pending)>| -> Result<()> {
             for (partition, pending) in pending_changelog {
                 let (_, offset) = pending.landed().await?;
-                let span = landed.entry(partition).or_insert(Landed {
-                    first: offset,
-                    next: offset + 1,
-                });
-                span.first = span.first.min(offset);
-                span.next = span.next.max(offset + 1);
+                Landed::extend(&mut landed, partition, offset);
             }
             Ok(())
         };
@@ -232,6 +252,23 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             }
         }
         Ok(())
+    }
+}
+
+/// The two waves in which at least once sends a batch's changelog: what a record changed
+/// (state, expiries), then the dedup entries that say it was done (and the progress).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wave {
+    State,
+    Entries,
+}
+
+impl Wave {
+    fn of(change: &Change) -> Wave {
+        match change {
+            Change::Processed { .. } | Change::Progress { .. } => Wave::Entries,
+            Change::State { .. } | Change::Expired { .. } => Wave::State,
+        }
     }
 }
 

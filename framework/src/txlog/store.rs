@@ -92,6 +92,18 @@ pub(crate) struct Landed {
     pub(crate) next: i64,
 }
 
+impl Landed {
+    /// Widens `partition`'s span in `spans` to take in a record landed at `offset`.
+    pub(crate) fn extend(spans: &mut BTreeMap<i32, Landed>, partition: i32, offset: i64) {
+        let span = spans.entry(partition).or_insert(Landed {
+            first: offset,
+            next: offset + 1,
+        });
+        span.first = span.first.min(offset);
+        span.next = span.next.max(offset + 1);
+    }
+}
+
 /// The log as of one moment (see [`TxLog::snapshot`]). Hold it no longer than the reads of
 /// one batch: while it lives, redb cannot reuse the pages later writes free.
 pub(crate) struct Snapshot<'a> {
