@@ -431,6 +431,15 @@ impl<P: Processor> TestDriver<P> {
         self.open_txlog().map(drop)
     }
 
+    /// The instance's session with the group expires, as when its process is frozen
+    /// (SIGSTOP, a long GC pause) or cut off the network: the group moves on without
+    /// it. The instance does not know for `unaware_polls` more polls (a zombie, firing
+    /// its wall-clock timers as usual); the group refuses whatever it commits meanwhile
+    /// (KIP-447). Then it hears of the loss, joins again and catches up.
+    pub fn lose_session(&mut self, unaware_polls: u32) {
+        self.kafka.lose_session(unaware_polls);
+    }
+
     /// Moves the driver's wall clock (dedup entries' time, piped records' default
     /// timestamp) on by `by`.
     pub fn advance_time(&mut self, by: Duration) {

@@ -220,3 +220,40 @@ async fn hopping_windows_count_each_record_in_every_window_it_falls_in_and_drop_
         "late records are dropped, not dead-lettered"
     );
 }
+
+/// Hole D of issue 40, seen against the broker: an instance frozen past its session
+/// fired its wall-clock timers when it ran again and committed their outputs in a
+/// transaction with no input offsets, which the group's generation check never sees
+/// (KIP-447), while the new owner fired the same timers: every reminder twice. A
+/// zombie's timer transaction must be refused; the timer fires once, after it rejoined.
+#[tokio::test(start_paused = true)]
+async fn a_zombie_that_lost_its_session_cannot_commit_the_wall_clock_timers_it_fires() {
+    let mut driver = TestDriver::new(Buckets::default());
+    let reminders = |driver: &TestDriver<Buckets>| {
+        closed(driver)
+            .into_iter()
+            .filter(|c| c.bucket == -1)
+            .count()
+    };
+    let mut remind = tick(0, "a", 1);
+    remind.remind_in_ms = Some(60_000);
+    driver.pipe_record(at(&remind, 1));
+    driver.process().await.expect("process");
+
+    driver.lose_session(1);
+    driver.advance_time(Duration::from_secs(61));
+    driver.process().await.expect("the zombie's run");
+    assert_eq!(
+        reminders(&driver),
+        0,
+        "the zombie committed the reminder it fired after losing its session"
+    );
+    assert!(driver.stats().aborts >= 1, "its transaction was aborted");
+
+    driver.process().await.expect("after joining again");
+    assert_eq!(
+        reminders(&driver),
+        1,
+        "the reminder fires once, once it rejoined"
+    );
+}

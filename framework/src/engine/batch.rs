@@ -299,6 +299,10 @@ pub(super) struct Part<'a, P> {
     pub(super) window_start_ms: i64,
     /// When the part started, for the stage timings (`onceflow_batch_stage_seconds`).
     pub(super) opened: std::time::Instant,
+    /// For a part with no records (timers alone): the group's committed offsets it
+    /// commits again, so that its transaction carries the group's metadata and is
+    /// refused from an instance that lost its session.
+    pub(super) standing: Vec<(i32, i64)>,
 }
 
 impl<'a, P> Part<'a, P> {
@@ -320,6 +324,7 @@ impl<'a, P> Part<'a, P> {
             timers_fired: 0,
             window_start_ms: now_ms.saturating_sub(window_ms),
             opened: std::time::Instant::now(),
+            standing: Vec::new(),
         })
     }
 }

@@ -59,7 +59,11 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         drop(part.snapshot);
         let mut stages = Stages::start(part.opened);
         let config = self.config;
-        let next_offsets = next_offsets(records);
+        let next_offsets = if records.is_empty() {
+            std::mem::take(&mut part.standing)
+        } else {
+            next_offsets(records)
+        };
         let outputs = part.outputs.len() as u64;
         let mut pending_outputs = std::mem::take(&mut part.outputs);
         pending_outputs.append(&mut part.failed.pending);
@@ -145,7 +149,15 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             without_event_id: part.without_id,
             timers_fired: part.timers_fired,
         };
-        self.stats.committing(next_offsets.clone(), tally);
+        // A part of timers alone commits the offsets the group already has: where the
+        // partitions are after a failure cannot tell whether it went through, so it
+        // counts as aborted then (its timers, if it did commit, are not counted).
+        let ends = if records.is_empty() {
+            Vec::new()
+        } else {
+            next_offsets.clone()
+        };
+        self.stats.committing(ends, tally);
 
         crash_point!(await "onceflow-before-send-offsets");
         // An abortable failure on demand, for the tests of the abort-and-go-on path.

@@ -174,6 +174,14 @@ struct Inner {
     holders: VecDeque<crate::kafka::Holder>,
     /// The producer is fenced (until renewed).
     producer_fenced: bool,
+    /// The group's generation, and the one the consumer last joined: when they differ
+    /// the consumer lost its session without knowing yet (a zombie), and the group
+    /// refuses the offsets it sends to a transaction (KIP-447's generation check).
+    generation: u32,
+    member_generation: u32,
+    /// Polls a zombie makes before it hears that it lost its session; then its next
+    /// poll serves the loss (every partition revoked) and its new assignment.
+    unaware_polls: u32,
 }
 
 impl Inner {
@@ -397,7 +405,18 @@ impl FakeKafka {
         let mut inner = self.inner();
         inner.assigned.clear();
         inner.positions.clear();
+        inner.member_generation = inner.generation;
         inner.rebalances = vec![Rebalanced::Assigned((0..partitions).collect())];
+    }
+
+    /// The consumer's session expires (it was frozen, or cut off): the group moves to a
+    /// new generation and refuses what the consumer commits until it joins again. The
+    /// consumer goes on for `unaware_polls` polls as if nothing happened (a zombie),
+    /// then hears of the loss: every partition is revoked and assigned to it again.
+    pub(crate) fn lose_session(&self, unaware_polls: u32) {
+        let mut inner = self.inner();
+        inner.generation += 1;
+        inner.unaware_polls = unaware_polls;
     }
 
     /// Writes a record outside any transaction, as a plain producer does (the input's
@@ -480,6 +499,21 @@ impl Source for FakeKafka {
         _max_wait: Duration,
     ) -> impl Future<Output = Result<Polled>> + Send {
         let mut inner = self.inner();
+        if inner.member_generation != inner.generation {
+            if inner.unaware_polls == 0 {
+                let lost = inner.assigned.clone();
+                let all = (0..inner
+                    .input
+                    .as_ref()
+                    .map_or(1, |input| inner.partitions.get(input).copied().unwrap_or(1)))
+                    .collect();
+                inner.rebalances.push(Rebalanced::Revoked(lost));
+                inner.rebalances.push(Rebalanced::Assigned(all));
+                inner.member_generation = inner.generation;
+            } else {
+                inner.unaware_polls -= 1;
+            }
+        }
         let rebalances = std::mem::take(&mut inner.rebalances);
         for event in &rebalances {
             match event {
@@ -726,7 +760,18 @@ impl Sink<FakeKafka> for FakeKafka {
     ) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
         inner.call(Call::SendOffsets(offsets.clone()));
-        let result = inner.fault(Kind::SendOffsets, None).map(|()| {
+        let mut result = inner.fault(Kind::SendOffsets, None);
+        if result.is_ok() && inner.member_generation != inner.generation {
+            // What the group coordinator answers a member of an older generation; for
+            // librdkafka the transaction must then be aborted.
+            result = Err(Error::Kafka {
+                operation: "send_offsets_to_transaction".into(),
+                code: rdkafka::types::RDKafkaErrorCode::IllegalGeneration.into(),
+                message: "the group has moved to a newer generation".into(),
+                class: crate::ErrorClass::Abortable,
+            });
+        }
+        let result = result.map(|()| {
             inner.open_offsets.extend(offsets);
         });
         std::future::ready(result)

@@ -221,8 +221,32 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         if due.is_empty() {
             return Ok(());
         }
+        // A transaction with no input offsets is never checked against the group's
+        // generation (KIP-447): an instance that lost its session would commit the
+        // timers its successor fires too (hole D of issue 40, seen against the broker:
+        // 20 reminders twice). So it commits the group's committed offsets of these
+        // partitions again, which the group refuses from a member of an older generation.
+        let standing = if self.config.delivery == crate::DeliveryMode::ExactlyOnce {
+            let committed = self.consumer.committed(due.clone()).await?;
+            let standing: Vec<(i32, i64)> = committed
+                .into_iter()
+                .filter_map(|(partition, offset)| offset.map(|offset| (partition, offset)))
+                .collect();
+            if standing.is_empty() {
+                tracing::warn!(
+                    partitions = ?due,
+                    "wall-clock timers are due on partitions the group has committed no \
+                     offset for: they fire with the next record, in its batch"
+                );
+                return Ok(());
+            }
+            standing
+        } else {
+            Vec::new()
+        };
         self.open(&[]).await?;
         let mut part = Part::new(self.txlog, self.config)?;
+        part.standing = standing;
         for partition in due {
             self.fire_due(processor, &mut part, partition, TimerClock::WallClock, None)
                 .await?;
