@@ -148,7 +148,7 @@ struct Inner {
     committed_offsets: BTreeMap<i32, i64>,
     assigned: Vec<i32>,
     /// What each poll of a held consumer returns, in turn (then nothing).
-    held_polls: VecDeque<Vec<Rebalanced>>,
+    held_polls: VecDeque<Polled>,
     /// The consumer's fatal error, and from when it is raised (tokio time).
     fatal: Option<(MakeError, tokio::time::Instant)>,
     /// How long a replay takes.
@@ -315,6 +315,19 @@ impl FakeKafka {
 
     /// Each poll of a held consumer serves the next of `polls` (then nothing).
     pub(crate) fn serve_while_held(&self, polls: Vec<Vec<Rebalanced>>) {
+        self.inner().held_polls = polls
+            .into_iter()
+            .map(|rebalances| Polled {
+                records: Vec::new(),
+                rebalances,
+            })
+            .collect();
+    }
+
+    /// Each poll of a held consumer returns the next of `polls` (then nothing): records
+    /// too, as librdkafka returns those of a partition assigned while held before its
+    /// pause takes effect.
+    pub(crate) fn poll_while_held(&self, polls: Vec<Polled>) {
         self.inner().held_polls = polls.into();
     }
 
@@ -619,11 +632,8 @@ impl Source for FakeKafka {
 
     fn keep_alive(&self) -> impl Future<Output = Result<Polled>> + Send {
         // Not recorded: how many polls happen depends on the time the work takes.
-        let rebalances = self.inner().held_polls.pop_front().unwrap_or_default();
-        std::future::ready(Ok(Polled {
-            records: Vec::new(),
-            rebalances,
-        }))
+        let polled = self.inner().held_polls.pop_front().unwrap_or_default();
+        std::future::ready(Ok(polled))
     }
 
     fn release(&self) -> impl Future<Output = Result<()>> + Send {

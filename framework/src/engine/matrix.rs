@@ -625,7 +625,7 @@ async fn a_revoked_partition_forgets_its_floor() {
         records: vec![amount(1, "b", 2)],
         rebalances: vec![Rebalanced::Revoked(vec![0])],
     };
-    crate::engine::serve::follow_rebalances(&resync, &rig.kafka, &mut owned, &mut polled)
+    crate::engine::serve::follow(&resync, &rig.kafka, &mut owned, &mut polled)
         .await
         .expect("followed");
     assert!(owned.is_empty() && polled.records.is_empty());

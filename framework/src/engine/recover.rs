@@ -215,9 +215,9 @@ pub(super) struct Resync<'a, R, N> {
     pub(super) stats: &'a Arc<Stats>,
     pub(super) restore: R,
     pub(super) renew: N,
-    /// What the polls of a held consumer brought (rebalances, in order, and any record),
-    /// for the engine's loop to act on before it polls again.
-    pub(super) held: Mutex<kafka::Polled>,
+    /// What the polls of a held consumer brought, poll by poll in the order they came
+    /// (rebalances and any record), for the engine's loop to act on before it polls again.
+    pub(super) held: Mutex<Vec<kafka::Polled>>,
     /// The fences taken for the instance's own so far.
     pub(super) fences: Mutex<Fences>,
     /// Set while a fenced producer waits for the grace and is not yet replaced: a fence
@@ -620,19 +620,18 @@ impl<R: Restore, N> Resync<'_, R, N> {
         .await
     }
 
-    /// Takes what the polls of a held consumer brought.
-    pub(super) fn take_held(&self) -> kafka::Polled {
+    /// Takes what the polls of a held consumer brought, poll by poll, in order.
+    pub(super) fn take_held(&self) -> Vec<kafka::Polled> {
         std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Whether a held consumer served a rebalance that the engine has not taken yet.
     pub(super) fn rebalanced_meanwhile(&self) -> bool {
-        !self
-            .held
+        self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .rebalances
-            .is_empty()
+            .iter()
+            .any(|polled| !polled.rebalances.is_empty())
     }
 
     /// Runs `work` with the consumer held (see the module's invariants) once it has run
@@ -661,9 +660,12 @@ impl<R: Restore, N> Resync<'_, R, N> {
                     outcome = &mut work => break outcome,
                     _ = ticks.tick() => match consumer.keep_alive().await {
                         Ok(polled) => {
-                            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-                            held.records.extend(polled.records);
-                            held.rebalances.extend(polled.rebalances);
+                            if !polled.records.is_empty() || !polled.rebalances.is_empty() {
+                                self.held
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .push(polled);
+                            }
                         }
                         // Fenced or fatal: the instance stops; the work's result no
                         // longer matters.

@@ -15,7 +15,7 @@ use crate::engine::recover::{
 };
 use crate::engine::seams::{Renew, Restore, Sink, Source};
 use crate::engine::stats::{Phase, Shutdown, Stats};
-use crate::kafka::{Polled, Rebalanced};
+use crate::kafka::{self, Polled, Rebalanced};
 use crate::processor::Processor;
 use crate::{Error, Result};
 
@@ -51,28 +51,30 @@ where
             break Ok(());
         }
         // What the polls of a held consumer brought comes first (rebalances served
-        // while catching up or backing off).
-        let mut polled = resync.take_held();
-        if polled.rebalances.is_empty() && polled.records.is_empty() {
-            polled = match consumer
+        // while catching up or backing off), in the order it came.
+        let mut polls = resync.take_held();
+        if polls.is_empty() {
+            match consumer
                 .poll(config.max_batch_records, cadence.wait(Instant::now()))
                 .await
             {
-                Ok(polled) => polled,
+                Ok(polled) => polls.push(polled),
                 Err(error) if error.is_fatal() => break Err(error),
                 Err(error) => {
                     tracing::warn!(%error, "poll failed; polling again");
                     continue;
                 }
-            };
-        }
-        match follow_rebalances(resync, consumer, owned, &mut polled).await {
-            Ok(assigned) if !assigned.is_empty() => {
-                processor.partitions_assigned(&assigned);
             }
-            Ok(_) => {}
-            Err(error) => break Err(error),
         }
+        let mut polled = match follow_rebalances(resync, consumer, owned, polls).await {
+            Ok(followed) => {
+                if !followed.assigned.is_empty() {
+                    processor.partitions_assigned(&followed.assigned);
+                }
+                followed
+            }
+            Err(error) => break Err(error),
+        };
         resync.drop_committed(&mut polled.records);
         parts.stats.set_phase(Phase::Running);
         let span = tracing::info_span!("batch", records = polled.records.len());
@@ -189,42 +191,81 @@ impl Cadence {
     }
 }
 
-/// Acts on the rebalances `polled` reports, in order, and on those served while catching
-/// up: a revoked partition is forgotten with its records; an assigned one is caught up
-/// with the group's committed offsets before any of its records is processed. Returns the
-/// partitions assigned (and still owned).
+/// What following the polls' rebalances left: the partitions assigned (and still
+/// owned), and the records to process.
+pub(super) struct Followed {
+    pub(super) assigned: Vec<i32>,
+    pub(super) records: Vec<kafka::Record>,
+}
+
+/// Acts on what `polls` brought, in the order it came: each poll's rebalances in turn,
+/// then its records (a poll's records come after its rebalances: librdkafka drops
+/// those of a partition revoked meanwhile, and `keep_alive` and `gather` drop those
+/// polled before a revocation). A revoked partition is forgotten with every record of
+/// it gathered so far; an assigned one is caught up with the group's committed offsets
+/// before any of its records is processed, and what the consumer's polls bring while
+/// it catches up comes after this poll, in order. Merging the polls instead (records
+/// apart from rebalances) let a revocation drop the records its partition got after it
+/// was assigned back (hole A of issue 40).
 pub(super) async fn follow_rebalances<C: Source, R: Restore, N>(
+    resync: &Resync<'_, R, N>,
+    consumer: &C,
+    owned: &mut BTreeSet<i32>,
+    polls: Vec<Polled>,
+) -> Result<Followed> {
+    let mut assigned = BTreeSet::new();
+    let mut records = Vec::new();
+    let mut polls: VecDeque<Polled> = polls.into();
+    while let Some(polled) = polls.pop_front() {
+        for event in polled.rebalances {
+            match event {
+                Rebalanced::Revoked(partitions) => {
+                    owned.retain(|p| !partitions.contains(p));
+                    assigned.retain(|p| !partitions.contains(p));
+                    resync.forget_floors(&partitions);
+                    records.retain(|r: &kafka::Record| !partitions.contains(&r.partition));
+                }
+                Rebalanced::Assigned(partitions) => {
+                    Stats::add(&resync.stats.assignments, 1);
+                    resync.stats.set_phase(Phase::Replaying);
+                    let from = resync.catch_up(consumer, &partitions).await?;
+                    tracing::info!(positions = ?from, "caught up the partitions assigned");
+                    assigned.extend(partitions.iter().copied());
+                    owned.extend(partitions);
+                    polls.extend(resync.take_held());
+                }
+            }
+        }
+        records.extend(polled.records);
+    }
+    // A record of a partition the instance does not own (any more) is never processed:
+    // its owner reads it from the committed offset.
+    let before = records.len();
+    records.retain(|r| owned.contains(&r.partition));
+    if records.len() < before {
+        tracing::warn!(
+            dropped = before - records.len(),
+            ?owned,
+            "records of partitions this instance does not own came in a poll; not processed"
+        );
+    }
+    Ok(Followed {
+        assigned: assigned.into_iter().collect(),
+        records,
+    })
+}
+
+/// [`follow_rebalances`] of one poll, whose records it leaves in `polled` (for tests).
+#[cfg(test)]
+pub(super) async fn follow<C: Source, R: Restore, N>(
     resync: &Resync<'_, R, N>,
     consumer: &C,
     owned: &mut BTreeSet<i32>,
     polled: &mut Polled,
 ) -> Result<Vec<i32>> {
-    let mut assigned = BTreeSet::new();
-    let mut events: VecDeque<Rebalanced> = std::mem::take(&mut polled.rebalances).into();
-    while let Some(event) = events.pop_front() {
-        match event {
-            Rebalanced::Revoked(partitions) => {
-                owned.retain(|p| !partitions.contains(p));
-                assigned.retain(|p| !partitions.contains(p));
-                resync.forget_floors(&partitions);
-                polled
-                    .records
-                    .retain(|r| !partitions.contains(&r.partition));
-            }
-            Rebalanced::Assigned(partitions) => {
-                Stats::add(&resync.stats.assignments, 1);
-                resync.stats.set_phase(Phase::Replaying);
-                let from = resync.catch_up(consumer, &partitions).await?;
-                tracing::info!(positions = ?from, "caught up the partitions assigned");
-                assigned.extend(partitions.iter().copied());
-                owned.extend(partitions);
-                let held = resync.take_held();
-                polled.records.extend(held.records);
-                events.extend(held.rebalances);
-            }
-        }
-    }
-    Ok(assigned.into_iter().collect())
+    let followed = follow_rebalances(resync, consumer, owned, vec![std::mem::take(polled)]).await?;
+    polled.records = followed.records;
+    Ok(followed.assigned)
 }
 
 #[cfg(test)]
