@@ -182,6 +182,9 @@ struct Inner {
     /// Polls a zombie makes before it hears that it lost its session; then its next
     /// poll serves the loss (every partition revoked) and its new assignment.
     unaware_polls: u32,
+    /// Per partition, how far past the committed offset its next assignment starts (as
+    /// librdkafka's pause/assign races can make it): once.
+    misplaced: BTreeMap<i32, i64>,
 }
 
 impl Inner {
@@ -422,6 +425,12 @@ impl FakeKafka {
         inner.rebalances = vec![Rebalanced::Assigned((0..partitions).collect())];
     }
 
+    /// The next assignment of `partition` starts `by` records past the group's
+    /// committed offset, as librdkafka's pause/assign races can make it start.
+    pub(crate) fn misplace_next_assignment(&self, partition: i32, by: i64) {
+        self.inner().misplaced.insert(partition, by);
+    }
+
     /// The consumer's session expires (it was frozen, or cut off): the group moves to a
     /// new generation and refuses what the consumer commits until it joins again. The
     /// consumer goes on for `unaware_polls` polls as if nothing happened (a zombie),
@@ -532,7 +541,8 @@ impl Source for FakeKafka {
             match event {
                 Rebalanced::Assigned(partitions) => {
                     for partition in partitions {
-                        let from = inner.committed_offsets.get(partition).copied().unwrap_or(0);
+                        let from = inner.committed_offsets.get(partition).copied().unwrap_or(0)
+                            + inner.misplaced.remove(partition).unwrap_or(0);
                         inner.positions.insert(*partition, from);
                         if !inner.assigned.contains(partition) {
                             inner.assigned.push(*partition);

@@ -597,11 +597,60 @@ async fn a_commit_the_changelog_shows_is_gone_past_when_the_offsets_lag() {
     // What a lagging consumer brings from below that point is not processed again.
     let mut records = vec![amount(0, "a", 1), amount(1, "b", 2), amount(2, "c", 3)];
     assert_eq!(resync.floors(), [0]);
-    assert_eq!(resync.drop_committed(&mut records), 2);
+    assert_eq!(resync.drop_committed(&mut records).below, 2);
     assert_eq!(rig.stats.snapshot().already_committed, 2);
     assert_eq!(records.iter().map(|r| r.offset).collect::<Vec<_>>(), [2]);
     // Once the partition is past its floor, the polls that follow are not looked at.
     assert!(resync.floors().is_empty(), "{:?}", resync.floors());
+}
+
+/// Hole G of issue 40: a partition's first record past its floor is sought back to
+/// once (the consumer may have started past the committed offset); still past it after
+/// the seek (transaction markers there), it is taken, and nothing loops.
+#[tokio::test(start_paused = true)]
+async fn a_first_record_past_the_floor_is_sought_back_to_once() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.run(vec![amount(0, "a", 1)]).await.expect("batch");
+    rig.kafka
+        .fail(Kind::Commit, None, 1, kafka_error(ErrorClass::Retriable));
+    let error = rig
+        .run(vec![amount(1, "b", 2)])
+        .await
+        .expect_err("the commit failed");
+    let resync = rig.recover(&error).await;
+    assert_eq!(resync.floors(), [0]);
+    let offsets = |records: &[Record]| records.iter().map(|r| r.offset).collect::<Vec<_>>();
+
+    let mut records = vec![amount(3, "c", 1), amount(4, "d", 1)];
+    let placed = resync.drop_committed(&mut records);
+    assert_eq!(placed.seek, [(0, Some(1))]);
+    assert!(
+        records.is_empty(),
+        "not processed before the seek: {records:?}"
+    );
+    // Offsets 1 and 2 hold markers: the seek brings 3 first again.
+    let mut records = vec![amount(3, "c", 1), amount(4, "d", 1)];
+    let placed = resync.drop_committed(&mut records);
+    assert!(
+        placed.seek.is_empty() && placed.corrected == 0,
+        "{placed:?}"
+    );
+    assert_eq!(offsets(&records), [3, 4]);
+    assert!(resync.floors().is_empty());
+
+    // A seek that finds what the consumer had started past is a correction.
+    let error = {
+        rig.kafka
+            .fail(Kind::Commit, None, 1, kafka_error(ErrorClass::Retriable));
+        rig.run(vec![amount(1, "b", 2)]).await.expect_err("failed")
+    };
+    let resync = rig.recover(&error).await;
+    let mut records = vec![amount(3, "c", 1)];
+    assert_eq!(resync.drop_committed(&mut records).seek, [(0, Some(1))]);
+    let mut records = vec![amount(1, "b", 2), amount(2, "x", 1), amount(3, "c", 1)];
+    let placed = resync.drop_committed(&mut records);
+    assert_eq!((placed.below, placed.corrected), (0, 1), "{placed:?}");
+    assert_eq!(offsets(&records), [1, 2, 3]);
 }
 
 /// The floor a catch-up sets goes with its partition: a revoked partition's is forgotten

@@ -224,8 +224,30 @@ pub(super) struct Resync<'a, R, N> {
     /// of the consumer meanwhile means both were fenced, which only a successor does.
     pub(super) producer_fenced: std::sync::atomic::AtomicBool,
     /// Per partition, where the last catch-up found it must go on from: a record below it
-    /// was processed and committed, and is never processed again.
-    pub(super) floor: Mutex<std::collections::BTreeMap<i32, i64>>,
+    /// was processed and committed, and is never processed again; the first record past
+    /// it makes the engine seek back to it once (see [`Resync::drop_committed`]).
+    pub(super) floor: Mutex<std::collections::BTreeMap<i32, Floor>>,
+}
+
+/// Where a partition must go on from after a catch-up, until a record of it is taken.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Floor {
+    /// The offset: records below it were committed.
+    pub(super) at: i64,
+    /// The first offset the consumer brought, when it was past `at` and the engine
+    /// sought back (once).
+    pub(super) seen_before_seek: Option<i64>,
+}
+
+/// What [`Resync::drop_committed`] did to a poll's records.
+#[derive(Debug, Default)]
+pub(super) struct Placed {
+    /// Records dropped as below their partition's floor (already committed).
+    pub(super) below: usize,
+    /// Partitions whose first record was past their floor, to seek back to it.
+    pub(super) seek: Vec<(i32, Option<i64>)>,
+    /// Partitions the seek back found records the consumer had started past.
+    pub(super) corrected: usize,
 }
 
 /// The fences an instance took for its own (it made a new producer, or joined the group
@@ -381,38 +403,78 @@ pub(crate) async fn first_producer<P, N: Renew<P>>(renew: &N) -> Result<P> {
 }
 
 impl<R, N> Resync<'_, R, N> {
-    /// Drops from `records` those below the position catching up found for their
-    /// partition; returns how many. A partition's floor is forgotten once a record at or
-    /// past it came (the consumer reads a partition in order, and only a seek, which
-    /// catches up again and sets the floor anew, moves it back), so after the first poll
-    /// that follows a catch-up this is one lock per poll and no look-up per record.
-    pub(super) fn drop_committed(&self, records: &mut Vec<kafka::Record>) -> usize {
+    /// Keeps each partition where catching up found it must go on from (its floor): drops
+    /// from `records` those below it (already committed), and when a partition's first
+    /// record is past it, drops that partition's records and returns it with its floor
+    /// to seek back to, once. The engine's position is the authority, not librdkafka's:
+    /// the floor alone caught a start below the committed offset, not one above it, which
+    /// librdkafka's pause/assign races can make (its issues 2190, 5591, 3567) and which
+    /// would skip the records between for good. After the seek, a first record still
+    /// past the floor is a real gap (transaction markers, compaction, retention); one
+    /// lower than the first seen before it shows the position was wrong, which is logged
+    /// as an error and counted (`onceflow_positions_corrected_total`). A floor is
+    /// forgotten once a record of its partition is taken, so after the first poll that
+    /// follows a catch-up this is one lock per poll and no look-up per record.
+    pub(super) fn drop_committed(&self, records: &mut Vec<kafka::Record>) -> Placed {
         let mut floor = self.floor.lock().unwrap_or_else(|e| e.into_inner());
+        let mut placed = Placed::default();
         if floor.is_empty() || records.is_empty() {
-            return 0;
+            return placed;
         }
         let before = records.len();
-        let mut past = BTreeSet::new();
-        records.retain(|r| match floor.get(&r.partition) {
-            Some(at) if r.offset < *at => false,
-            Some(_) => {
-                past.insert(r.partition);
-                true
-            }
-            None => true,
-        });
-        let dropped = before - records.len();
-        if dropped > 0 {
-            Stats::add(&self.stats.already_committed, dropped as u64);
+        records.retain(|r| floor.get(&r.partition).is_none_or(|f| r.offset >= f.at));
+        placed.below = before - records.len();
+        if placed.below > 0 {
+            Stats::add(&self.stats.already_committed, placed.below as u64);
             tracing::warn!(
-                dropped,
+                dropped = placed.below,
                 ?floor,
                 "records below where catching up found their partitions came again (the \
                  consumer's position lagged the committed work); not processed again"
             );
         }
-        floor.retain(|partition, _| !past.contains(partition));
-        dropped
+        let mut first: std::collections::BTreeMap<i32, i64> = std::collections::BTreeMap::new();
+        for record in records.iter() {
+            first.entry(record.partition).or_insert(record.offset);
+        }
+        for (partition, offset) in first {
+            let Some(at) = floor.get_mut(&partition) else {
+                continue;
+            };
+            match at.seen_before_seek {
+                None if offset > at.at => {
+                    tracing::info!(
+                        partition,
+                        first = offset,
+                        floor = at.at,
+                        "the first record after catching up is past where the partition \
+                         must go on from: seeking back there once, so nothing between is \
+                         skipped (transaction markers leave such gaps too)"
+                    );
+                    at.seen_before_seek = Some(offset);
+                    placed.seek.push((partition, Some(at.at)));
+                    continue;
+                }
+                Some(seen) if offset < seen => {
+                    metrics::counter!("onceflow_positions_corrected_total").increment(1);
+                    tracing::error!(
+                        partition,
+                        floor = at.at,
+                        started_at = seen,
+                        first = offset,
+                        "the consumer started the partition past where it must go on from: \
+                         records would have been skipped; the seek back found them"
+                    );
+                    placed.corrected += 1;
+                }
+                _ => {}
+            }
+            floor.remove(&partition);
+        }
+        if !placed.seek.is_empty() {
+            records.retain(|r| !placed.seek.iter().any(|(p, _)| *p == r.partition));
+        }
+        placed
     }
 
     /// Forgets the floors of `partitions`, revoked: whoever owns them next catches up
@@ -743,17 +805,19 @@ impl<R: Restore, N> Resync<'_, R, N> {
     /// offsets, KIP-447), and the revocation its next poll serves forgets the floor. With
     /// no committed offset at all, the group starts afresh (a new group, or an input made
     /// again) and nothing is skipped.
-    /// Exactly once only: at least once lands the changelog before it commits the offsets,
-    /// so its changelog may rightly be ahead, and the batch is processed again (that is
-    /// its guarantee); at most once commits the offsets first.
+    /// Going past the committed offset is exactly once's only: at least once lands the
+    /// changelog before it commits the offsets, so its changelog may rightly be ahead, and
+    /// the batch is processed again (that is its guarantee); at most once commits the
+    /// offsets first. The floor is set in every mode.
     fn go_on_from(&self, partition: i32, committed: Option<i64>) -> Result<Option<i64>> {
         let Some(committed) = committed else {
             return Ok(None);
         };
-        if self.config.delivery != DeliveryMode::ExactlyOnce {
-            return Ok(Some(committed));
-        }
-        let progress = self.restore.progress(partition)?;
+        let progress = if self.config.delivery == DeliveryMode::ExactlyOnce {
+            self.restore.progress(partition)?
+        } else {
+            None
+        };
         let at = match progress {
             Some(progress) if progress > committed => {
                 tracing::warn!(
@@ -768,10 +832,13 @@ impl<R: Restore, N> Resync<'_, R, N> {
             }
             _ => committed,
         };
-        self.floor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(partition, at);
+        self.floor.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            partition,
+            Floor {
+                at,
+                seen_before_seek: None,
+            },
+        );
         Ok(Some(at))
     }
 }

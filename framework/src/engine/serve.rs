@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::config::DeliveryMode;
-use crate::engine::backoff::abort_backoff;
+use crate::engine::backoff::{abort_backoff, retry_transient};
 use crate::engine::recover::{
     Failed, ISOLATE_AFTER, Parts, Resync, isolate, recover, stops_the_instance,
 };
@@ -75,7 +75,15 @@ where
             }
             Err(error) => break Err(error),
         };
-        resync.drop_committed(&mut polled.records);
+        let placed = resync.drop_committed(&mut polled.records);
+        if !placed.seek.is_empty()
+            && let Err(error) = retry_transient("seek back to where catching up found", || {
+                consumer.seek(placed.seek.clone())
+            })
+            .await
+        {
+            break Err(error);
+        }
         parts.stats.set_phase(Phase::Running);
         let span = tracing::info_span!("batch", records = polled.records.len());
         let one_by_one =
