@@ -49,6 +49,13 @@ pub enum Error {
         /// What was seen instead.
         detail: String,
     },
+    /// Work given up on purpose: the engine no longer waits for it (it stops, or joins
+    /// the group again), and what it would still write is not written.
+    #[error("{what} was given up: the engine no longer waits for it")]
+    Cancelled {
+        /// The work, e.g. `replay the changelog of partition 3`.
+        what: String,
+    },
     /// A setting is missing or has a value that is not accepted.
     #[error("invalid configuration `{key}` = `{value}`: {accepted}")]
     Config {

@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::engine::seams::Cancel;
 use crate::engine::stats::{Phase, Stats};
 use crate::kafka::{self, ClientOptions, ReadEnd};
 use crate::txlog::{Change, TxLog};
@@ -120,12 +121,14 @@ pub(crate) async fn replay(
     accept_behind: bool,
     txlog: &Arc<TxLog>,
     stats: &Arc<Stats>,
+    cancel: Cancel,
 ) -> Result<()> {
     let options = options.clone();
     let changelog = changelog.to_owned();
     let txlog = Arc::clone(txlog);
     let stats = Arc::clone(stats);
     kafka::blocking("replay the changelog", move || {
+        let what = format!("the replay of changelog partition {partition}");
         let started = std::time::Instant::now();
         let mut replayed = 0u64;
         let remaining = metrics::gauge!("onceflow_replay_remaining_records", "partition" => partition.to_string());
@@ -135,7 +138,7 @@ pub(crate) async fn replay(
                 return Ok(());
             }
             let count = changes.len() as u64;
-            txlog.apply(&[(partition, changes, Some(next))])?;
+            cancel.unless_cancelled(&what, || txlog.apply(&[(partition, changes, Some(next))]))?;
             replayed += count;
             Stats::add(&stats.replayed_records, count);
             remaining.set((end - next).max(0) as f64);
@@ -160,6 +163,7 @@ pub(crate) async fn replay(
                     reached: &mut reached,
                     wait,
                     on_wait: &|| stats.set_phase(Phase::WaitingForTransaction),
+                    cancelled: &|| cancel.is_cancelled(),
                 },
                 |offset, key, value| decode(&changelog, partition, offset, key, value),
                 apply,
@@ -179,7 +183,7 @@ pub(crate) async fn replay(
                         "the changelog is shorter than the transaction log's checkpoint (recreated \
                          or truncated): forgetting the partition and replaying from the start"
                     );
-                    txlog.clear_partition(partition)?;
+                    cancel.unless_cancelled(&what, || txlog.clear_partition(partition))?;
                     match read(None, apply)? {
                         ReadEnd::Read { next, reached } => Ok((next, reached)),
                         ReadEnd::PastEnd { .. } => unreachable!("a read from the start is never past the end"),
@@ -212,7 +216,7 @@ pub(crate) async fn replay(
         }
         // Past the last record there may be commit markers; start after them next time.
         if txlog.checkpoint(partition)? != Some(end) {
-            txlog.apply(&[(partition, Vec::new(), Some(end))])?;
+            cancel.unless_cancelled(&what, || txlog.apply(&[(partition, Vec::new(), Some(end))]))?;
         }
         remaining.set(0.0);
         tracing::info!(partition, replayed, end, elapsed = ?started.elapsed(), "changelog replayed");
@@ -227,7 +231,7 @@ mod tests {
 
     use crate::Error;
     use crate::engine::fake::{FakeKafka, MemoryReplay};
-    use crate::engine::seams::Restore;
+    use crate::engine::seams::{Cancel, Restore};
     use crate::engine::stats::Stats;
     use crate::txlog::TxLog;
 
@@ -250,7 +254,7 @@ mod tests {
                 stats: &stats,
                 accept_behind,
             };
-            let replayed = replay.restore(3, Some(600)).await;
+            let replayed = replay.restore(3, Some(600), &Cancel::default()).await;
             match (accept_behind, replayed) {
                 (
                     false,
@@ -267,7 +271,10 @@ mod tests {
                 (accept, other) => panic!("accept_behind = {accept}: {other:?}"),
             }
             // Nothing committed, nothing to reach.
-            replay.restore(1, None).await.expect("nothing to reach");
+            replay
+                .restore(1, None, &Cancel::default())
+                .await
+                .expect("nothing to reach");
         }
     }
 

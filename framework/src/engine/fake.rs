@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use crate::config::EngineConfig;
 use crate::engine::recover::Resync;
-use crate::engine::seams::{Landing, Outgoing, Renew, Restore, Sink, Source};
+use crate::engine::seams::{Cancel, Landing, Outgoing, Renew, Restore, Sink, Source};
 use crate::engine::stats::Stats;
 use crate::kafka::{Polled, Rebalanced, Record};
 use crate::txlog::TxLog;
@@ -74,6 +74,8 @@ pub(crate) enum Kind {
     Renew,
     Members,
     Probe,
+    /// A poll of a held consumer.
+    KeepAlive,
 }
 
 /// A record as the fake stores it.
@@ -642,8 +644,11 @@ impl Source for FakeKafka {
 
     fn keep_alive(&self) -> impl Future<Output = Result<Polled>> + Send {
         // Not recorded: how many polls happen depends on the time the work takes.
-        let polled = self.inner().held_polls.pop_front().unwrap_or_default();
-        std::future::ready(Ok(polled))
+        let mut inner = self.inner();
+        let result = inner
+            .fault(Kind::KeepAlive, None)
+            .map(|()| inner.held_polls.pop_front().unwrap_or_default());
+        std::future::ready(result)
     }
 
     fn release(&self) -> impl Future<Output = Result<()>> + Send {
@@ -678,6 +683,7 @@ impl Restore for FakeKafka {
         &self,
         partition: i32,
         committed: Option<i64>,
+        _cancel: &Cancel,
     ) -> impl Future<Output = Result<()>> + Send {
         let (result, takes) = {
             let mut inner = self.inner();
@@ -862,7 +868,7 @@ pub(crate) struct MemoryReplay<'a> {
 }
 
 impl Restore for MemoryReplay<'_> {
-    async fn restore(&self, partition: i32, committed: Option<i64>) -> Result<()> {
+    async fn restore(&self, partition: i32, committed: Option<i64>, cancel: &Cancel) -> Result<()> {
         let from = self.txlog.checkpoint(partition)?.unwrap_or(0);
         let records: Vec<Stored> = self
             .kafka
@@ -885,7 +891,9 @@ impl Restore for MemoryReplay<'_> {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let last = chunk.last().map_or(from, |r| r.offset);
-            self.txlog.apply(&[(partition, changes, Some(last + 1))])?;
+            cancel.unless_cancelled("a replay", || {
+                self.txlog.apply(&[(partition, changes, Some(last + 1))])
+            })?;
             Stats::add(&self.stats.replayed_records, chunk.len() as u64);
             #[cfg(feature = "testing")]
             if index + 1 < chunks && crate::engine::crash::due("onceflow-during-replay") {
@@ -895,7 +903,9 @@ impl Restore for MemoryReplay<'_> {
         }
         let end = self.kafka.end_offset(self.changelog, partition);
         if self.txlog.checkpoint(partition)? != Some(end) {
-            self.txlog.apply(&[(partition, Vec::new(), Some(end))])?;
+            cancel.unless_cancelled("a replay", || {
+                self.txlog.apply(&[(partition, Vec::new(), Some(end))])
+            })?;
         }
         if let Some(committed) = committed {
             crate::engine::changelog::behind(

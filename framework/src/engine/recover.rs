@@ -31,7 +31,7 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::backoff::{RECOVERY_PATIENCE, retry_transient, retry_transient_for};
-use crate::engine::seams::{Renew, Restore, Sink, Source};
+use crate::engine::seams::{Cancel, Renew, Restore, Sink, Source};
 use crate::engine::stats::{Phase, Stats};
 use crate::engine::{batch, dead_letters};
 use crate::kafka;
@@ -762,6 +762,11 @@ impl<R: Restore, N> Resync<'_, R, N> {
         // partitions are replayed side by side. After a failed replay no more are
         // started, and those under way are waited for, so none is left writing to the
         // log behind the caller.
+        // Dropped before they end (the hold gave up: the consumer was fenced, or the
+        // instance stops), the replays are cancelled: a read on the blocking pool must
+        // not go on applying older records after the engine moved on (hole B).
+        let cancel = Cancel::default();
+        let cancel_on_drop = cancel.on_drop();
         let at_once = self.config.replay_concurrency.max(1);
         let mut queued = committed.iter().copied();
         let mut running = FuturesUnordered::new();
@@ -771,9 +776,10 @@ impl<R: Restore, N> Resync<'_, R, N> {
                 let Some((partition, offset)) = queued.next() else {
                     break;
                 };
+                let cancel = &cancel;
                 running.push(retry_transient("replay the changelog", move || {
                     self.restore
-                        .restore(partition, offset.filter(|_| must_reach))
+                        .restore(partition, offset.filter(|_| must_reach), cancel)
                 }));
             }
             match running.next().await {
@@ -784,6 +790,8 @@ impl<R: Restore, N> Resync<'_, R, N> {
                 None => break,
             }
         }
+        drop(running);
+        cancel_on_drop.disarm();
         if let Some(error) = failed {
             return Err(error);
         }

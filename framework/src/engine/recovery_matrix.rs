@@ -774,3 +774,84 @@ async fn a_failed_replay_starts_no_more_and_is_the_outcome() {
     // Eight at once, partition 0 failed: 8 and 9 were never started.
     assert_eq!(restored(&rig), (0..8).collect::<Vec<_>>());
 }
+
+/// A replay as the engine's runs: its reads and applies on the blocking pool, apart
+/// from the future that waits for it. Each apply is counted.
+struct BlockingReplay {
+    applied: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl crate::engine::seams::Restore for BlockingReplay {
+    async fn restore(
+        &self,
+        _partition: i32,
+        _committed: Option<i64>,
+        cancel: &crate::engine::seams::Cancel,
+    ) -> crate::Result<()> {
+        let applied = Arc::clone(&self.applied);
+        let cancel = cancel.clone();
+        crate::kafka::blocking("replay", move || {
+            for _ in 0..5 {
+                // Reading a chunk of the changelog.
+                std::thread::sleep(Duration::from_millis(40));
+                cancel.unless_cancelled("the replay", || {
+                    applied.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    fn progress(&self, _partition: i32) -> crate::Result<Option<i64>> {
+        Ok(None)
+    }
+}
+
+/// Hole B of issue 40: when a poll of the held consumer failed (fenced, say), the hold
+/// gave up its work, but the replays it had started kept running on the blocking pool
+/// and applying to the transaction log after the engine had moved on (after a rejoin,
+/// older changelog records over a newer batch's, the checkpoint moved back: two writers
+/// on one partition of the log). Given up, a replay applies nothing more.
+#[tokio::test]
+async fn a_replay_given_up_by_a_failed_hold_applies_nothing_after() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    rig.kafka
+        .fail(Kind::KeepAlive, None, 1, kafka(ErrorClass::Fatal));
+    let applied = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let resync = Resync {
+        config: &rig.config,
+        stats: &rig.stats,
+        restore: BlockingReplay {
+            applied: Arc::clone(&applied),
+        },
+        renew: rig.kafka.clone(),
+        held: std::sync::Mutex::default(),
+        fences: std::sync::Mutex::default(),
+        producer_fenced: std::sync::atomic::AtomicBool::default(),
+        floor: std::sync::Mutex::default(),
+    };
+    let mut producer = rig.kafka.clone();
+    let owned: BTreeSet<i32> = [0].into();
+    let outcome = recover(
+        &resync,
+        &rig.kafka,
+        &mut producer,
+        &owned,
+        &kafka(ErrorClass::Abortable)(),
+    )
+    .await;
+    assert!(
+        outcome.is_err(),
+        "the failed hold ends the recovery: {outcome:?}"
+    );
+    let at_return = applied.load(std::sync::atomic::Ordering::SeqCst);
+    // Long enough for the replay to have applied all it would.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        applied.load(std::sync::atomic::Ordering::SeqCst),
+        at_return,
+        "the replay went on applying after the engine gave it up"
+    );
+}

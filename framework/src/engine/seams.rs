@@ -84,14 +84,76 @@ pub(crate) trait Renew<P>: Sync {
     fn renew(&self) -> impl Future<Output = Result<P>> + Send;
 }
 
+/// Tells replays that run apart from their caller (on the blocking pool) that nobody
+/// waits for them any more: from [`Cancel::cancel`]'s return on, none applies anything
+/// to the transaction log. A replay's future dropped while a `spawn_blocking` read goes
+/// on used to leave it applying older changelog records over what the engine committed
+/// next, and moving the checkpoint back (hole B of issue 40).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cancel(Arc<std::sync::RwLock<bool>>);
+
+impl Cancel {
+    /// Cancels: waits for an apply under way to end, then lets none start.
+    pub(crate) fn cancel(&self) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    /// Whether it was cancelled.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        *self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `apply` unless cancelled (then [`Error::Cancelled`] naming `what`); a cancel
+    /// meanwhile waits for it to end.
+    pub(crate) fn unless_cancelled<T>(
+        &self,
+        what: &str,
+        apply: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let cancelled = self.0.read().unwrap_or_else(|e| e.into_inner());
+        if *cancelled {
+            return Err(Error::Cancelled {
+                what: what.to_owned(),
+            });
+        }
+        apply()
+    }
+
+    /// A guard that cancels when dropped, unless [`CancelOnDrop::disarm`]ed first.
+    pub(crate) fn on_drop(&self) -> CancelOnDrop {
+        CancelOnDrop(Some(self.clone()))
+    }
+}
+
+/// See [`Cancel::on_drop`].
+#[derive(Debug)]
+pub(crate) struct CancelOnDrop(Option<Cancel>);
+
+impl CancelOnDrop {
+    /// The work finished: nothing to cancel.
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.0.take() {
+            cancel.cancel();
+        }
+    }
+}
+
 /// Brings a partition's transaction log up to the group's committed offset (`None`:
 /// read to the end a reader sees) by replaying its changelog.
 pub(crate) trait Restore: Sync {
-    /// Replays `partition`'s changelog until its progress reaches `committed`.
+    /// Replays `partition`'s changelog until its progress reaches `committed`; applies
+    /// nothing once `cancel` is cancelled.
     fn restore(
         &self,
         partition: i32,
         committed: Option<i64>,
+        cancel: &Cancel,
     ) -> impl Future<Output = Result<()>> + Send;
 
     /// Where the transaction log's progress of `partition` is: the input offset after the
@@ -214,6 +276,7 @@ impl Restore for ChangelogReplay<'_> {
         &self,
         partition: i32,
         committed: Option<i64>,
+        cancel: &Cancel,
     ) -> impl Future<Output = Result<()>> + Send {
         crate::engine::changelog::replay(
             self.options,
@@ -224,6 +287,7 @@ impl Restore for ChangelogReplay<'_> {
             self.accept_behind,
             self.txlog,
             self.stats,
+            cancel.clone(),
         )
     }
 

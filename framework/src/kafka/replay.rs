@@ -46,6 +46,8 @@ pub(crate) struct Until<'a> {
     pub(crate) wait: Duration,
     /// Called when such a wait starts.
     pub(crate) on_wait: &'a dyn Fn(),
+    /// Whether the caller gave the read up: it ends at once with [`Error::Cancelled`].
+    pub(crate) cancelled: &'a dyn Fn() -> bool,
 }
 
 /// Where a read of a partition ended.
@@ -170,6 +172,9 @@ pub(crate) fn read_partition<T>(
     let mut at_end = false;
     let mut waiting: Option<(Instant, Instant)> = None;
     loop {
+        if (until.cancelled)() {
+            return Err(Error::Cancelled { what: operation });
+        }
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
             Some(Ok(message)) => {
