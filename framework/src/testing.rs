@@ -216,10 +216,12 @@ impl<P: Processor> TestDriver<P> {
         let now = Arc::new(AtomicI64::new(Clock::System.now_ms()));
         config.clock = Clock::Manual(Arc::clone(&now));
         drop(sample);
+        let kafka = FakeKafka::default();
+        kafka.use_clock(config.clock.clone());
         TestDriver {
             make: Box::new(make),
             config,
-            kafka: FakeKafka::default(),
+            kafka,
             stats: Arc::default(),
             now,
             plan: Arc::default(),
@@ -557,6 +559,7 @@ impl<P: Processor> TestDriver<P> {
         }
         let (txlog, _) =
             TxLog::open_with_cache(&self.instance_dir(), self.config.txlog_cache_size)?;
+        txlog.use_clock(self.config.clock.clone());
         let txlog = Arc::new(txlog);
         self.txlog = Some(Arc::clone(&txlog));
         Ok(txlog)
@@ -624,5 +627,117 @@ mod tests {
         let expected: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
         assert_eq!(echoes, expected, "every ping once, in order");
         assert_eq!(driver.committed_offset(0), Some(8));
+    }
+
+    #[derive(Debug, serde::Serialize, serde::Deserialize)]
+    struct Entry {
+        id: String,
+        key: String,
+        /// Added to the key's total; none: the total is deleted.
+        add: Option<i64>,
+    }
+
+    impl Event for Entry {
+        fn event_id(&self) -> Option<String> {
+            Some(self.id.clone())
+        }
+
+        fn key(&self) -> Option<String> {
+            Some(self.key.clone())
+        }
+    }
+
+    /// Keeps a running total per key, deleted on request; emits each new total.
+    #[derive(Debug, Clone)]
+    struct Totals;
+
+    #[async_trait::async_trait]
+    impl Processor for Totals {
+        type Input = Entry;
+
+        fn name(&self) -> &str {
+            "totals"
+        }
+
+        fn output_topics(&self) -> &[&str] {
+            &["totals"]
+        }
+
+        async fn process(&mut self, entry: Entry, ctx: &mut Context<'_>) -> Result<()> {
+            let Some(add) = entry.add else {
+                ctx.state().delete(&entry.key);
+                return Ok(());
+            };
+            let total = ctx.state().get::<i64>(&entry.key)?.unwrap_or(0) + add;
+            ctx.state().put(&entry.key, &total)?;
+            ctx.emit("totals", &entry.key, &total)
+        }
+    }
+
+    /// Copies every file under `from` into `to`.
+    fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).expect("create");
+        for entry in std::fs::read_dir(from).expect("read dir") {
+            let entry = entry.expect("entry");
+            let target = to.join(entry.file_name());
+            if entry.file_type().expect("type").is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).expect("copy");
+            }
+        }
+    }
+
+    /// Hole E of issue 40, seen against the broker: instance a built a total of 5 and
+    /// stopped; b deleted it and went on while the changelog was compacted (the value
+    /// and, `delete.retention.ms` later, its tombstone removed); a came back on its own
+    /// state directory, replayed from its old checkpoint, never saw the deletion, and
+    /// the next +1 gave 6 instead of 1. A pod whose volume comes back after a day.
+    #[tokio::test(start_paused = true)]
+    async fn a_deletion_compacted_away_while_an_instance_was_gone_does_not_come_back() {
+        let mut driver = TestDriver::new(Totals);
+        let entry = |id: &str, add| Entry {
+            id: id.into(),
+            key: "k".into(),
+            add,
+        };
+        driver.pipe(&entry("a-1", Some(5))).expect("pipe");
+        driver.process().await.expect("a builds the total");
+        driver.restart().expect("a stops");
+        let volume = tempfile::tempdir().expect("a's volume");
+        copy_dir(&driver.instance_dir(), volume.path());
+
+        // b, on a new machine, deletes the total and goes on.
+        driver.lose_local_state().expect("b starts afresh");
+        driver.pipe(&entry("b-1", None)).expect("pipe");
+        driver
+            .pipe(&Entry {
+                id: "b-2".into(),
+                key: "other".into(),
+                add: Some(1),
+            })
+            .expect("pipe");
+        driver.process().await.expect("b deletes");
+        assert_eq!(driver.state::<i64>(0, "k").expect("state"), None);
+        driver.restart().expect("b stops");
+
+        // A day and a half later the changelog is compacted: the value and its
+        // tombstone are gone.
+        driver.advance_time(Duration::from_secs(36 * 3600));
+        let changelog = driver.config.changelog_topic();
+        driver.kafka.compact(&changelog);
+
+        // a comes back on its own volume.
+        driver.txlog = None;
+        std::fs::remove_dir_all(driver.instance_dir()).expect("remove b's log");
+        copy_dir(volume.path(), &driver.instance_dir());
+        driver.pipe(&entry("a-2", Some(1))).expect("pipe");
+        driver.process().await.expect("a again");
+        let totals: Vec<i64> = driver.output_values("totals").expect("totals");
+        assert_eq!(
+            totals.last(),
+            Some(&1),
+            "the deleted total came back: {totals:?}"
+        );
     }
 }

@@ -24,6 +24,9 @@ use crate::txlog::{Change, TxLog};
 use crate::{Error, Result};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Kafka's default `delete.retention.ms`: how long a changelog keeps a tombstone after
+/// compaction reached it, when the topic's own value cannot be read.
+pub(crate) const DEFAULT_TOMBSTONES_KEPT: Duration = Duration::from_secs(24 * 3600);
 /// Changelog records applied to redb per write transaction while replaying.
 const REPLAY_CHUNK: usize = 10_000;
 /// Pauses before reading again a changelog whose read ended short of the committed offset.
@@ -58,6 +61,35 @@ pub(crate) fn decode(
         value,
         format_args!("changelog record {changelog}/{partition}@{offset}"),
     )
+}
+
+/// Clears `partition`'s transaction log when it may have missed deletions compaction
+/// removed from its changelog since it was last in step ([`TxLog::may_have_missed_deletions`]),
+/// so the replay rebuilds it from the start. A partition back on an instance after long
+/// elsewhere (a pod whose volume comes back after a day) would otherwise keep a value
+/// its new owner deleted meanwhile.
+pub(crate) fn forget_if_out_of_step(
+    txlog: &TxLog,
+    changelog: &str,
+    partition: i32,
+    tombstones_kept: Duration,
+    cancel: &Cancel,
+) -> Result<()> {
+    let Some(apart) = txlog.may_have_missed_deletions(partition, tombstones_kept)? else {
+        return Ok(());
+    };
+    tracing::warn!(
+        partition,
+        changelog,
+        out_of_step_for = ?apart,
+        ?tombstones_kept,
+        "the transaction log of this partition has not been in step with its changelog for \
+         longer than half the changelog's delete.retention.ms (or it does not know since \
+         when): deletions may have been compacted away meanwhile; rebuilding the partition \
+         from the changelog"
+    );
+    metrics::counter!("onceflow_partitions_rebuilt_total", "reason" => "out_of_step").increment(1);
+    cancel.unless_cancelled("a replay", || txlog.clear_partition(partition))
 }
 
 /// A changelog partition read to its end whose progress (`progress`) does not reach the
@@ -122,6 +154,7 @@ pub(crate) async fn replay(
     txlog: &Arc<TxLog>,
     stats: &Arc<Stats>,
     cancel: Cancel,
+    tombstones_kept: Duration,
 ) -> Result<()> {
     let options = options.clone();
     let changelog = changelog.to_owned();
@@ -130,6 +163,7 @@ pub(crate) async fn replay(
     kafka::blocking("replay the changelog", move || {
         let what = format!("the replay of changelog partition {partition}");
         let started = std::time::Instant::now();
+        forget_if_out_of_step(&txlog, &changelog, partition, tombstones_kept, &cancel)?;
         let mut replayed = 0u64;
         let remaining = metrics::gauge!("onceflow_replay_remaining_records", "partition" => partition.to_string());
         let mut apply = |changes: Vec<Change>, next: i64, end: i64| -> Result<()> {
@@ -218,6 +252,7 @@ pub(crate) async fn replay(
         if txlog.checkpoint(partition)? != Some(end) {
             cancel.unless_cancelled(&what, || txlog.apply(&[(partition, Vec::new(), Some(end))]))?;
         }
+        cancel.unless_cancelled(&what, || txlog.mark_in_step(partition))?;
         remaining.set(0.0);
         tracing::info!(partition, replayed, end, elapsed = ?started.elapsed(), "changelog replayed");
         Ok(())
@@ -253,6 +288,7 @@ mod tests {
                 txlog: &txlog,
                 stats: &stats,
                 accept_behind,
+                tombstones_kept: super::DEFAULT_TOMBSTONES_KEPT,
             };
             let replayed = replay.restore(3, Some(600), &Cancel::default()).await;
             match (accept_behind, replayed) {

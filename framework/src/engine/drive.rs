@@ -99,6 +99,7 @@ pub(crate) async fn run<P: Processor>(
             txlog,
             stats,
             accept_behind: config.accept_changelog_behind,
+            tombstones_kept: kafka.tombstones_kept(),
         },
         renew: kafka.clone(),
         held: std::sync::Mutex::default(),

@@ -187,6 +187,10 @@ struct Inner {
     /// Per partition, how far past the committed offset its next assignment starts (as
     /// librdkafka's pause/assign races can make it): once.
     misplaced: BTreeMap<i32, i64>,
+    /// The time of records sent without one (the driver's clock), if set.
+    clock: Option<crate::clock::Clock>,
+    /// The changelog's `delete.retention.ms` (none: Kafka's default).
+    tombstones_kept: Option<Duration>,
 }
 
 impl Inner {
@@ -425,6 +429,55 @@ impl FakeKafka {
         inner.positions.clear();
         inner.member_generation = inner.generation;
         inner.rebalances = vec![Rebalanced::Assigned((0..partitions).collect())];
+    }
+
+    /// Records sent without a time get `clock`'s (a broker stamps them on arrival).
+    pub(crate) fn use_clock(&self, clock: crate::clock::Clock) {
+        self.inner().clock = Some(clock);
+    }
+
+    /// The changelog keeps a tombstone `kept` after compaction reached it.
+    pub(crate) fn keep_tombstones(&self, kept: Duration) {
+        self.inner().tombstones_kept = Some(kept);
+    }
+
+    /// See [`FakeKafka::keep_tombstones`].
+    pub(crate) fn tombstones_kept(&self) -> Duration {
+        self.inner()
+            .tombstones_kept
+            .unwrap_or(crate::engine::changelog::DEFAULT_TOMBSTONES_KEPT)
+    }
+
+    /// Compacts `topic` as Kafka's log cleaner does, once it has run over every segment:
+    /// of each key's records in a partition only the last is kept, and a last one that is
+    /// a tombstone goes too once it is older than [`FakeKafka::tombstones_kept`] (by the
+    /// clock of [`FakeKafka::use_clock`]). Offsets do not change.
+    pub(crate) fn compact(&self, topic: &str) {
+        let mut inner = self.inner();
+        let now = inner
+            .clock
+            .as_ref()
+            .map_or(i64::MAX, crate::clock::Clock::now_ms);
+        let kept = i64::try_from(
+            inner
+                .tombstones_kept
+                .unwrap_or(crate::engine::changelog::DEFAULT_TOMBSTONES_KEPT)
+                .as_millis(),
+        )
+        .unwrap_or(i64::MAX);
+        let mut last: BTreeMap<(i32, Option<Vec<u8>>), i64> = BTreeMap::new();
+        for record in inner.committed.iter().filter(|r| r.topic == topic) {
+            last.insert((record.partition, record.key.clone()), record.offset);
+        }
+        inner.committed.retain(|r| {
+            if r.topic != topic {
+                return true;
+            }
+            let latest = last.get(&(r.partition, r.key.clone())) == Some(&r.offset);
+            let expired_tombstone =
+                r.value.is_none() && r.timestamp_ms.is_some_and(|at| now - at >= kept);
+            latest && !expired_tombstone
+        });
     }
 
     /// The next assignment of `partition` starts `by` records past the group's
@@ -764,7 +817,9 @@ impl Sink<FakeKafka> for FakeKafka {
                     .iter()
                     .map(|(n, v)| ((*n).to_owned(), v.map(<[u8]>::to_vec)))
                     .collect(),
-                timestamp_ms: record.timestamp_ms,
+                timestamp_ms: record
+                    .timestamp_ms
+                    .or_else(|| inner.clock.as_ref().map(crate::clock::Clock::now_ms)),
             };
             if landing.is_ok() {
                 if inner.in_transaction {
@@ -865,10 +920,19 @@ pub(crate) struct MemoryReplay<'a> {
     pub(crate) stats: &'a Arc<Stats>,
     /// `accept_changelog_behind`.
     pub(crate) accept_behind: bool,
+    /// The changelog's `delete.retention.ms`.
+    pub(crate) tombstones_kept: Duration,
 }
 
 impl Restore for MemoryReplay<'_> {
     async fn restore(&self, partition: i32, committed: Option<i64>, cancel: &Cancel) -> Result<()> {
+        crate::engine::changelog::forget_if_out_of_step(
+            self.txlog,
+            self.changelog,
+            partition,
+            self.tombstones_kept,
+            cancel,
+        )?;
         let from = self.txlog.checkpoint(partition)?.unwrap_or(0);
         let records: Vec<Stored> = self
             .kafka
@@ -907,6 +971,7 @@ impl Restore for MemoryReplay<'_> {
                 self.txlog.apply(&[(partition, Vec::new(), Some(end))])
             })?;
         }
+        cancel.unless_cancelled("a replay", || self.txlog.mark_in_step(partition))?;
         if let Some(committed) = committed {
             crate::engine::changelog::behind(
                 self.changelog,

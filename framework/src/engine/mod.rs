@@ -203,6 +203,7 @@ impl Engine {
             TxLog::open_with_cache(&dir, cache_size)
         })
         .await?;
+        txlog.use_clock(config.clock.clone());
         let txlog = Arc::new(txlog);
         match &opened {
             Opened::Rebuilt { reason } => {
@@ -258,6 +259,10 @@ impl Engine {
             "engine started"
         );
 
+        let tombstones_kept = retry_transient("read the changelog's delete.retention.ms", || {
+            startup::tombstones_kept(options, &changelog)
+        })
+        .await?;
         let resync = Resync {
             config: &config,
             stats: &self.stats,
@@ -268,6 +273,7 @@ impl Engine {
                 stats: &self.stats,
                 wait: config.transaction_timeout + REPLAY_WAIT_GRACE,
                 accept_behind: config.accept_changelog_behind,
+                tombstones_kept,
             },
             renew: NewProducer {
                 options,

@@ -269,6 +269,8 @@ pub(crate) struct ChangelogReplay<'a> {
     pub(crate) wait: Duration,
     /// `accept_changelog_behind`.
     pub(crate) accept_behind: bool,
+    /// The changelog's `delete.retention.ms`.
+    pub(crate) tombstones_kept: Duration,
 }
 
 impl Restore for ChangelogReplay<'_> {
@@ -288,6 +290,7 @@ impl Restore for ChangelogReplay<'_> {
             self.txlog,
             self.stats,
             cancel.clone(),
+            self.tombstones_kept,
         )
     }
 

@@ -287,3 +287,25 @@ async fn cleanup_policy(options: &ClientOptions, changelog: &str) -> Result<Stri
             .unwrap_or_default(),
     )
 }
+
+/// How long the changelog keeps a tombstone after compaction reached it (its
+/// `delete.retention.ms`): a partition's transaction log out of step with the changelog
+/// for half of it is rebuilt ([`crate::engine::changelog::forget_if_out_of_step`]).
+/// Kafka's default when the broker does not say.
+pub(super) async fn tombstones_kept(options: &ClientOptions, changelog: &str) -> Result<Duration> {
+    let value =
+        kafka::topic_config(options, changelog, "delete.retention.ms", METADATA_TIMEOUT).await?;
+    match value.as_deref().map(str::parse::<u64>) {
+        Some(Ok(ms)) => Ok(Duration::from_millis(ms)),
+        other => {
+            let kept = crate::engine::changelog::DEFAULT_TOMBSTONES_KEPT;
+            tracing::warn!(
+                topic = changelog,
+                value = ?other,
+                ?kept,
+                "the changelog's delete.retention.ms could not be read; taking Kafka's default"
+            );
+            Ok(kept)
+        }
+    }
+}

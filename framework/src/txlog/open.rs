@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redb::{Builder, Database, Durability, ReadableTable, TableHandle};
 
 use super::tables::{
-    CHECKPOINT, EXPIRY, FORMAT_VERSION_KEY, Failure, MARKER_FOLLOWS, META, PROCESSED,
+    CHECKPOINT, EXPIRY, FORMAT_VERSION_KEY, Failure, IN_STEP, MARKER_FOLLOWS, META, PROCESSED,
     PROCESSED_COUNT, PROGRESS, SOURCE, STATE, STATE_COUNT, classify, state_error,
 };
 use super::{FORMAT_VERSION, Opened, TXLOG_FILE, TxLog};
@@ -217,6 +217,7 @@ fn check_format(db: &Database) -> std::result::Result<Format, redb::Error> {
     txn.open_table(MARKER_FOLLOWS)?;
     txn.open_table(PROGRESS)?;
     txn.open_table(SOURCE)?;
+    txn.open_table(IN_STEP)?;
     txn.set_durability(Durability::Immediate)?;
     txn.commit()?;
     Ok(Format::Current { initialized })

@@ -54,8 +54,8 @@ use redb::{
 use super::expiry::{self, Edits, Index};
 use super::sync::{Durable, Shared, Syncer, Syncing};
 use super::tables::{
-    CHANGELOG_ID_KEY, CHECKPOINT, EXPIRY, MARKER_FOLLOWS, PROCESSED, PROCESSED_COUNT, PROGRESS,
-    SOURCE, STATE, STATE_COUNT, partition_range, state_error,
+    CHANGELOG_ID_KEY, CHECKPOINT, EXPIRY, IN_STEP, MARKER_FOLLOWS, PROCESSED, PROCESSED_COUNT,
+    PROGRESS, SOURCE, STATE, STATE_COUNT, partition_range, state_error,
 };
 use super::{Change, PartitionStats};
 use crate::{Error, Result};
@@ -72,6 +72,8 @@ pub(crate) struct TxLog {
     shared: Arc<Shared>,
     /// Syncs what is unsynced when no write comes to do it.
     syncer: Syncer,
+    /// The time of [`TxLog::in_step_since`] (the engine's clock; a test's in the driver).
+    clock: std::sync::Mutex<crate::clock::Clock>,
 }
 
 impl fmt::Debug for TxLog {
@@ -179,7 +181,67 @@ impl TxLog {
             cache_size,
             shared,
             syncer,
+            clock: std::sync::Mutex::default(),
         }
+    }
+
+    /// The log reads the time it is in step with its changelog from `clock`.
+    pub(crate) fn use_clock(&self, clock: crate::clock::Clock) {
+        *self.clock.lock().unwrap_or_else(|e| e.into_inner()) = clock;
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .now_ms()
+    }
+
+    /// When `partition` was last in step with its changelog (ms since the epoch; see
+    /// `IN_STEP`): `None` when it never was, as far as this file knows.
+    pub(crate) fn in_step_since(&self, partition: i32) -> Result<Option<i64>> {
+        let doing = "reading when a partition was in step with its changelog";
+        let txn = self.read(doing)?;
+        let table = txn.open_table(IN_STEP).map_err(|e| self.error(doing, e))?;
+        let found = table.get(partition).map_err(|e| self.error(doing, e))?;
+        Ok(found.map(|guard| guard.value()))
+    }
+
+    /// Whether `partition`'s log may have missed deletions its changelog no longer holds:
+    /// it has a checkpoint, and it has not been in step with the changelog for half of
+    /// `tombstones_kept` (the changelog's `delete.retention.ms`; half, so that clocks
+    /// that differ between this instance and the brokers cannot make it too late), or
+    /// never as far as the file knows. Compaction removes a value and, that long after,
+    /// the tombstone that deleted it; a replay from an older checkpoint would never see
+    /// the deletion (hole E of issue 40: a total of 6 instead of 1). `Some` says how
+    /// long it has been out of step (`None` inside: unknown).
+    pub(crate) fn may_have_missed_deletions(
+        &self,
+        partition: i32,
+        tombstones_kept: Duration,
+    ) -> Result<Option<Option<Duration>>> {
+        if self.checkpoint(partition)?.is_none() {
+            return Ok(None);
+        }
+        let Some(since) = self.in_step_since(partition)? else {
+            return Ok(Some(None));
+        };
+        let apart = Duration::from_millis(u64::try_from(self.now_ms() - since).unwrap_or(0));
+        Ok((apart >= tombstones_kept / 2).then_some(Some(apart)))
+    }
+
+    /// `partition` is in step with its changelog now: a replay read every record up to
+    /// where it must go on from.
+    pub(crate) fn mark_in_step(&self, partition: i32) -> Result<()> {
+        let now = self.now_ms();
+        self.write(
+            "recording that a partition is in step with its changelog",
+            Durable::Soon,
+            |txn| {
+                txn.open_table(IN_STEP)?.insert(partition, now)?;
+                Ok(())
+            },
+        )
     }
 
     /// Path of the redb file.
@@ -294,8 +356,10 @@ impl TxLog {
                 self.shared.wake();
             }
         }
+        let now = self.now_ms();
         self.write(doing, Durable::Soon, |txn| {
             let mut writer = Writer::open(txn)?;
+            let mut in_step = txn.open_table(IN_STEP)?;
             for (partition, changes, landed) in batch {
                 writer.apply_all(*partition, changes)?;
                 let Some(landed) = landed else { continue };
@@ -305,6 +369,8 @@ impl TxLog {
                     .is_some_and(|at| landed.first >= at && landed.first <= at + i64::from(marker));
                 if follows {
                     writer.checkpoint.insert(*partition, landed.next)?;
+                    // Nothing lies past the new checkpoint but what comes after now.
+                    in_step.insert(*partition, now)?;
                     if transactional {
                         writer.marker_follows.insert(*partition, ())?;
                     } else {
@@ -407,6 +473,7 @@ impl TxLog {
                 txn.open_table(CHECKPOINT)?.remove(partition)?;
                 txn.open_table(MARKER_FOLLOWS)?.remove(partition)?;
                 txn.open_table(PROGRESS)?.remove(partition)?;
+                txn.open_table(IN_STEP)?.remove(partition)?;
                 Ok(())
             },
         )

@@ -42,6 +42,13 @@ pub(super) const MARKER_FOLLOWS: TableDefinition<'_, i32, ()> =
     TableDefinition::new("marker_follows");
 /// partition -> the input offset the applied batches reached (their progress records).
 pub(super) const PROGRESS: TableDefinition<'_, i32, i64> = TableDefinition::new("progress");
+/// partition -> when (ms since the epoch) the partition was last in step with its
+/// changelog: every record past the checkpoint was written after then. Set by the apply
+/// of the engine's own batch that moves the checkpoint, and at the end of a replay; a
+/// replay's chunks leave it. A partition not in step for longer than the changelog keeps
+/// tombstones may have missed deletions that compaction removed since (hole E of issue
+/// 40): it is rebuilt. Absent (a file from before this table): not known to be in step.
+pub(super) const IN_STEP: TableDefinition<'_, i32, i64> = TableDefinition::new("in_step");
 
 /// The bounds covering every key of `partition`, given the smallest key of a partition.
 ///
