@@ -263,6 +263,7 @@ pub(crate) async fn replay(
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::time::Duration;
 
     use crate::Error;
     use crate::engine::fake::{FakeKafka, MemoryReplay};
@@ -289,6 +290,7 @@ mod tests {
                 stats: &stats,
                 accept_behind,
                 tombstones_kept: super::DEFAULT_TOMBSTONES_KEPT,
+                wait: Duration::from_secs(60),
             };
             let replayed = replay.restore(3, Some(600), &Cancel::default()).await;
             match (accept_behind, replayed) {
@@ -312,6 +314,81 @@ mod tests {
                 .await
                 .expect("nothing to reach");
         }
+    }
+
+    /// Hole F of issue 40: during a coordinator failover the group's committed offset
+    /// read before a hand-over's replay can lag a batch whose commit is in doubt. Its
+    /// changelog records are hidden by its open transaction; the replay "reached" the
+    /// stale offset, the new owner redid the batch without its dedup entries, and when
+    /// the markers landed both were visible. A transaction open since before the replay
+    /// began keeps it from ending.
+    #[tokio::test(start_paused = true)]
+    async fn a_replay_waits_for_a_transaction_open_since_before_it_began() {
+        use crate::engine::seams::{Outgoing, Sink};
+        use crate::txlog::Change;
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (txlog, _) = TxLog::open(&dir.path().join("state")).expect("open");
+        let txlog = Arc::new(txlog);
+        let stats = Arc::new(Stats::default());
+        let kafka = FakeKafka::default();
+        let send = async |change: Change| {
+            let (key, value) = change.encode();
+            kafka
+                .send(Outgoing {
+                    topic: "g-txlog",
+                    partition: Some(0),
+                    key: Some(&key),
+                    value: value.as_deref(),
+                    headers: &[],
+                    timestamp_ms: None,
+                })
+                .await
+                .expect("send");
+        };
+        let batch = async |id: &str, reached: i64| {
+            kafka.begin().expect("begin");
+            send(Change::Processed {
+                id: id.into(),
+                offset: reached - 1,
+                processed_at_ms: 1,
+            })
+            .await;
+            send(Change::Progress {
+                input_offset: reached,
+            })
+            .await;
+            kafka
+                .send_offsets(&kafka, "in", vec![(0, reached)])
+                .await
+                .expect("offsets");
+        };
+        // The old owner's first batch committed; its second is in doubt: the group's
+        // committed offset still reads 1.
+        batch("a", 1).await;
+        kafka.commit().await.expect("commit");
+        batch("b", 2).await;
+        let replay = MemoryReplay {
+            kafka: &kafka,
+            changelog: "g-txlog",
+            txlog: &txlog,
+            stats: &stats,
+            accept_behind: false,
+            tombstones_kept: super::DEFAULT_TOMBSTONES_KEPT,
+            wait: Duration::from_secs(60),
+        };
+        let committer = kafka.clone();
+        let cancel = Cancel::default();
+        let (replayed, ()) = tokio::join!(replay.restore(0, Some(1), &cancel), async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            committer.commit().await.expect("the markers land");
+        });
+        replayed.expect("replayed");
+        assert!(
+            txlog.is_processed(0, "b").expect("read"),
+            "the replay ended before the batch in doubt was resolved"
+        );
+        assert_eq!(txlog.progress(0).expect("progress"), Some(2));
     }
 
     #[test]

@@ -100,6 +100,7 @@ pub(crate) async fn run<P: Processor>(
             stats,
             accept_behind: config.accept_changelog_behind,
             tombstones_kept: kafka.tombstones_kept(),
+            wait: config.transaction_timeout + crate::engine::REPLAY_WAIT_GRACE,
         },
         renew: kafka.clone(),
         held: std::sync::Mutex::default(),

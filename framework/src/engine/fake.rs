@@ -530,6 +530,24 @@ impl FakeKafka {
             .collect()
     }
 
+    /// The last stable offset of `topic`'s `partition`: the first offset an open
+    /// transaction wrote there, else its end.
+    pub(crate) fn last_stable_offset(&self, topic: &str, partition: i32) -> i64 {
+        let inner = self.inner();
+        let end = inner
+            .next_offset
+            .get(&(topic.to_owned(), partition))
+            .copied()
+            .unwrap_or(0);
+        inner
+            .open
+            .iter()
+            .filter(|r| r.topic == topic && r.partition == partition)
+            .map(|r| r.offset)
+            .min()
+            .unwrap_or(end)
+    }
+
     /// The offset after the last record (or marker) of `topic`'s `partition`.
     pub(crate) fn end_offset(&self, topic: &str, partition: i32) -> i64 {
         self.inner()
@@ -922,23 +940,22 @@ pub(crate) struct MemoryReplay<'a> {
     pub(crate) accept_behind: bool,
     /// The changelog's `delete.retention.ms`.
     pub(crate) tombstones_kept: Duration,
+    /// How long a replay waits for a transaction that hides committed records.
+    pub(crate) wait: Duration,
 }
 
-impl Restore for MemoryReplay<'_> {
-    async fn restore(&self, partition: i32, committed: Option<i64>, cancel: &Cancel) -> Result<()> {
-        crate::engine::changelog::forget_if_out_of_step(
-            self.txlog,
-            self.changelog,
-            partition,
-            self.tombstones_kept,
-            cancel,
-        )?;
+impl MemoryReplay<'_> {
+    /// Applies the committed changelog records of `partition` from its checkpoint, in
+    /// chunks, and moves the checkpoint to the last stable offset (what an open
+    /// transaction hides is read later).
+    async fn read_committed(&self, partition: i32, cancel: &Cancel) -> Result<()> {
         let from = self.txlog.checkpoint(partition)?.unwrap_or(0);
+        let stable = self.kafka.last_stable_offset(self.changelog, partition);
         let records: Vec<Stored> = self
             .kafka
             .committed(self.changelog)
             .into_iter()
-            .filter(|r| r.partition == partition && r.offset >= from)
+            .filter(|r| r.partition == partition && r.offset >= from && r.offset < stable)
             .collect();
         let chunks = records.chunks(REPLAY_CHUNK).count();
         for (index, chunk) in records.chunks(REPLAY_CHUNK).enumerate() {
@@ -965,11 +982,48 @@ impl Restore for MemoryReplay<'_> {
             }
             let _ = (index, chunks);
         }
-        let end = self.kafka.end_offset(self.changelog, partition);
-        if self.txlog.checkpoint(partition)? != Some(end) {
+        if self
+            .txlog
+            .checkpoint(partition)?
+            .is_none_or(|at| at < stable)
+        {
             cancel.unless_cancelled("a replay", || {
-                self.txlog.apply(&[(partition, Vec::new(), Some(end))])
+                self.txlog.apply(&[(partition, Vec::new(), Some(stable))])
             })?;
+        }
+        Ok(())
+    }
+}
+
+impl Restore for MemoryReplay<'_> {
+    /// As the engine's replay: reads until nothing is hidden by a transaction that was
+    /// open when it began (waiting for it, at most `wait`), then checks the progress.
+    async fn restore(&self, partition: i32, committed: Option<i64>, cancel: &Cancel) -> Result<()> {
+        crate::engine::changelog::forget_if_out_of_step(
+            self.txlog,
+            self.changelog,
+            partition,
+            self.tombstones_kept,
+            cancel,
+        )?;
+        let high_at_start = self.kafka.end_offset(self.changelog, partition);
+        let started = tokio::time::Instant::now();
+        loop {
+            self.read_committed(partition, cancel).await?;
+            let stable = self.kafka.last_stable_offset(self.changelog, partition);
+            if !crate::kafka::open_from_before(stable, high_at_start) {
+                break;
+            }
+            if started.elapsed() > self.wait {
+                return Err(Error::HangingTransaction {
+                    topic: self.changelog.to_owned(),
+                    partition,
+                    last_stable_offset: stable,
+                    high_watermark: self.kafka.end_offset(self.changelog, partition),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         cancel.unless_cancelled("a replay", || self.txlog.mark_in_step(partition))?;
         if let Some(committed) = committed {

@@ -247,7 +247,7 @@ pub(crate) fn read_partition<T>(
             }
             continue;
         }
-        if (until.reached)()? {
+        if (until.reached)()? && !open_from_before(stable, high) {
             return Ok(ReadEnd::Read {
                 next,
                 reached: true,
@@ -311,6 +311,19 @@ pub(super) enum Standing {
     ReadOn { early_end: bool },
     /// At the end the reader sees: ask whether it is enough.
     AtTheEnd,
+}
+
+/// Whether a transaction that was open when the read began still holds the last
+/// stable offset (`stable`, now) below the high watermark the read began with
+/// (`high_at_start`): then the read must not end, even when what it read reaches its
+/// goal. During a coordinator failover the group's committed offset read before a
+/// replay can lag a batch whose commit is in doubt: its changelog records are still
+/// hidden, the replay "reached" the stale offset, the new owner redid the batch
+/// without its dedup entries, and when the markers landed both were visible (hole F
+/// of issue 40). A transaction begun after the read began cannot be such a batch. The
+/// wait is bounded as every wait for an open transaction is.
+pub(crate) fn open_from_before(stable: i64, high_at_start: i64) -> bool {
+    stable < high_at_start
 }
 
 pub(super) fn standing(at_end: bool, next: i64, stable: i64) -> Standing {
@@ -401,6 +414,14 @@ mod tests {
 
     use super::*;
     use crate::kafka::error::levels_logged;
+
+    #[test]
+    fn a_transaction_open_before_the_read_began_keeps_it_from_ending() {
+        // The read began with the high watermark at 100.
+        assert!(open_from_before(90, 100), "open since 90: wait");
+        assert!(!open_from_before(100, 100), "nothing open from before");
+        assert!(!open_from_before(120, 100), "opened after the read began");
+    }
 
     /// The fault matrix (CI, 2026-12-01): a replay ended at offset 0 of a changelog
     /// partition holding 600 batches' progress, the engine went on with empty state, and
