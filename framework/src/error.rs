@@ -414,6 +414,16 @@ impl Error {
         )
     }
 
+    /// A request that timed out on the client (the call's own timeout, a request's, or a
+    /// record's delivery): the broker may still act on it later.
+    pub(crate) fn timed_out_request(&self) -> bool {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        matches!(self, Error::Timeout { .. })
+            || [C::OperationTimedOut, C::RequestTimedOut, C::MessageTimedOut]
+                .into_iter()
+                .any(|code| self.has_code(code))
+    }
+
     /// The open Kafka transaction must be aborted before processing can go on.
     pub fn requires_abort(&self) -> bool {
         matches!(

@@ -568,6 +568,38 @@ async fn a_batch_that_went_through_after_all_is_counted_as_committed() {
     }
 }
 
+/// Fail closed (issue 40): a commit that timed out on the client but went through is
+/// not retried or aborted on the same producer; a new producer takes over, and the
+/// committed offsets show the batch committed: its outputs are visible once and it
+/// counts as committed.
+#[tokio::test(start_paused = true)]
+async fn a_commit_that_timed_out_but_went_through_is_settled_by_a_new_producer() {
+    let rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.kafka
+        .fail_after_applying(Kind::Commit, 1, || Error::Kafka {
+            operation: "commit_transaction".into(),
+            code: rdkafka::types::RDKafkaErrorCode::OperationTimedOut.into(),
+            message: "Local: Timed out".into(),
+            class: ErrorClass::Retriable,
+        });
+    let error = rig
+        .run(vec![amount(0, "a", 1), amount(1, "b", 2)])
+        .await
+        .expect_err("the commit timed out");
+    rig.recover(&error).await;
+    let calls = rig.kafka.calls();
+    assert!(calls.contains(&Call::Renew), "{calls:?}");
+    assert!(!calls.contains(&Call::Abort), "{calls:?}");
+    assert_eq!(
+        calls.last(),
+        Some(&Call::Seek(vec![(0, Some(2))])),
+        "{calls:?}"
+    );
+    assert_eq!(rig.sums(), [1, 3]);
+    let s = rig.stats.snapshot();
+    assert_eq!((s.commits, s.aborts), (1, 0), "{s:?}");
+}
+
 /// A commit that went through while the group's committed offsets still read the batch's
 /// start (seen on the three-node cluster after a killed coordinator: the batch's records
 /// came again, skipped only because their event IDs were in the log; records without an

@@ -361,6 +361,20 @@ where
         }
         tracing::warn!(error = %cause, "recreating the producer: its transaction was aborted under it");
         *producer = new_producer(&resync.renew).await?;
+    } else if config.delivery == DeliveryMode::ExactlyOnce && cause.timed_out_request() {
+        // Fail closed: a transactional request that timed out on the client may still
+        // land later, in a later transaction of the same producer epoch (librdkafka has
+        // no Transactions V2, KIP-890 part 2; its issue 5423). So the producer is never
+        // used again, not even to abort: a new one's initialisation bumps the epoch,
+        // which fences whatever the old one still has in flight, and completes or
+        // aborts the transaction as the coordinator had it. Catching up then finds
+        // where the batch ended, committed or not.
+        if let Some(fatal) = consumer.fatal_error() {
+            tracing::error!(error = %fatal, cause = %cause, "this instance was replaced; stopping");
+            return Err(fatal);
+        }
+        tracing::warn!(error = %cause, "a transactional request timed out: replacing the producer rather than using it again");
+        *producer = new_producer(&resync.renew).await?;
     } else if config.delivery == DeliveryMode::ExactlyOnce
         && let Err(error) = producer.abort().await
     {

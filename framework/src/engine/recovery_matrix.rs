@@ -649,6 +649,43 @@ async fn a_transaction_aborted_under_the_producer_renews_it_and_the_instance_goe
     assert!(!stops_the_instance(&fenced()));
 }
 
+/// A transactional request that timed out on the client.
+fn request_timed_out(call: &str) -> Error {
+    Error::Kafka {
+        operation: call.into(),
+        code: rdkafka::types::RDKafkaErrorCode::OperationTimedOut.into(),
+        message: "Local: Timed out".into(),
+        class: ErrorClass::Retriable,
+    }
+}
+
+/// Fail closed (issue 40): librdkafka has no Transactions V2 (KIP-890 part 2), so a
+/// request of an old transaction that timed out on the client can still land in a later
+/// one of the same producer epoch. After any timed-out transactional request the
+/// producer is not used again, not even to abort: a new one (whose initialisation bumps
+/// the epoch and ends the transaction as the coordinator had it) takes over, and the
+/// committed offsets say where the batch ended.
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_transactional_request_replaces_the_producer_without_using_it_again() {
+    for call in [
+        "commit_transaction",
+        "send_offsets_to_transaction",
+        "produce",
+    ] {
+        let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+        rig.recover(&request_timed_out(call))
+            .await
+            .expect("recovered");
+        assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
+    }
+    // At least once has no transaction and no transactional ID: it rewinds as before.
+    let rig = Rig::new(DeliveryMode::AtLeastOnce).await;
+    rig.recover(&request_timed_out("flush"))
+        .await
+        .expect("recovered");
+    assert!(!rig.kafka.calls().contains(&Call::Renew));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_producer_stuck_in_a_call_is_replaced_without_asking_it_to_abort() {
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;

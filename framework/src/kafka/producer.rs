@@ -240,7 +240,12 @@ impl OutputProducer {
                     Ok(()) => return Ok(()),
                     Err(error) => {
                         let error = this.classify("send_offsets_to_transaction", error);
-                        if !error.is_retriable() || started.elapsed() + pause >= within {
+                        // A call that timed out is not made again on this producer (see
+                        // `commit`): the batch fails and the producer is replaced.
+                        if !error.is_retriable()
+                            || error.timed_out_request()
+                            || started.elapsed() + pause >= within
+                        {
                             return Err(error);
                         }
                         tracing::warn!(%error, ?pause, "sending the offsets failed; sending them again");
@@ -318,8 +323,12 @@ impl OutputProducer {
         }
     }
 
-    /// Commits the open transaction. A commit that times out is retried (librdkafka allows
-    /// it) until `transaction.timeout.ms` has passed in all; then it is an error.
+    /// Commits the open transaction. A commit that times out is an error at once, not
+    /// retried on this producer: its request may still land later, and only a new
+    /// producer (whose initialisation bumps the epoch) is safe from it (the engine's
+    /// recovery replaces the producer and learns from the committed offsets whether the
+    /// commit went through). Other retriable errors are retried until
+    /// `transaction.timeout.ms` has passed in all.
     pub(crate) async fn commit(&self) -> Result<()> {
         let this = self.clone();
         let commit = move || {
@@ -342,7 +351,10 @@ impl OutputProducer {
                     Ok(()) => return Ok(()),
                     Err(error) => {
                         let error = this.classify("commit_transaction", error);
-                        if error.is_retriable() && started.elapsed() < this.transaction_timeout {
+                        if error.is_retriable()
+                            && !error.timed_out_request()
+                            && started.elapsed() < this.transaction_timeout
+                        {
                             tracing::warn!(%error, "commit timed out; retrying");
                             continue;
                         }
@@ -467,7 +479,8 @@ mod tests {
             RDKafkaApiKey::AddOffsetsToTxn,
             // More than librdkafka's own retries fit in one call (the first waits
             // `retry.backoff.ms`, 10 ms, each next one twice as long up to 1 s): the call
-            // times out, retriable.
+            // fails with NOT_COORDINATOR, retriable (not a timeout, which would fail the
+            // batch and replace the producer: see `commit`).
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR; 10],
         );
         producer
