@@ -44,8 +44,9 @@ pub struct Summed {
     pub sum: i64,
 }
 
-/// Emits one [`Summed`] per [`Amount`], keeping each key's sum in state. A negative
-/// amount is refused (a processing error: the record is dead-lettered, the sum
+/// Emits one [`Summed`] per [`Amount`], keeping each key's sum in state; an amount of 0
+/// resets the key (its state is deleted, its output's sum is 0). A negative amount is
+/// refused (a processing error: the record is dead-lettered, the sum
 /// untouched), so the fault tests can check their dead letters too.
 #[derive(Debug, Clone)]
 pub struct Sum {
@@ -87,8 +88,16 @@ impl Processor for Sum {
                 input.amount
             )));
         }
-        let sum = ctx.state().get::<i64>(&input.key)?.unwrap_or(0) + input.amount;
-        ctx.state().put(&input.key, &sum)?;
+        // An amount of 0 resets the key: its state is deleted (a tombstone in the
+        // changelog, which compaction removes in time).
+        let sum = if input.amount == 0 {
+            ctx.state().delete(&input.key);
+            0
+        } else {
+            let sum = ctx.state().get::<i64>(&input.key)?.unwrap_or(0) + input.amount;
+            ctx.state().put(&input.key, &sum)?;
+            sum
+        };
         let output = Summed {
             id: input.id.clone(),
             key: input.key.clone(),

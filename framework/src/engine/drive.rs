@@ -27,6 +27,22 @@ pub(crate) struct Instance<P> {
     processor: P,
     producer: FakeKafka,
     owned: BTreeSet<i32>,
+    /// What the engine keeps between polls besides (the floors its catch-ups set, the
+    /// polls a held consumer brought, the fences it took): kept from one run to the
+    /// next, as a process keeps them.
+    kept: Kept,
+}
+
+#[derive(Default)]
+struct Kept {
+    held: Vec<crate::kafka::Polled>,
+    fences: crate::engine::recover::Fences,
+    floor: BTreeMap<i32, crate::engine::recover::Floor>,
+}
+
+/// What a mutex of the engine's held when it is done with it.
+fn take<T>(mutex: std::sync::Mutex<T>) -> T {
+    mutex.into_inner().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How a run ended.
@@ -54,6 +70,7 @@ impl<P: Processor> Instance<P> {
             processor,
             producer,
             owned: BTreeSet::new(),
+            kept: Kept::default(),
         })
     }
 }
@@ -103,15 +120,16 @@ pub(crate) async fn run<P: Processor>(
             wait: config.transaction_timeout + crate::engine::REPLAY_WAIT_GRACE,
         },
         renew: kafka.clone(),
-        held: std::sync::Mutex::default(),
-        fences: std::sync::Mutex::default(),
+        held: std::sync::Mutex::new(std::mem::take(&mut instance.kept.held)),
+        fences: std::sync::Mutex::new(std::mem::take(&mut instance.kept.fences)),
         producer_fenced: std::sync::atomic::AtomicBool::default(),
-        floor: std::sync::Mutex::default(),
+        floor: std::sync::Mutex::new(std::mem::take(&mut instance.kept.floor)),
     };
     let Instance {
         processor,
         producer,
         owned,
+        kept,
     } = instance;
     let serving = plan.scope(serve::serve(
         &parts, &resync, &idle, processor, producer, owned,
@@ -120,6 +138,17 @@ pub(crate) async fn run<P: Processor>(
         biased;
         () = plan.crashed() => None,
         served = serving => Some(served),
+    };
+    let Resync {
+        held,
+        fences,
+        floor,
+        ..
+    } = resync;
+    *kept = Kept {
+        held: take(held),
+        fences: take(fences),
+        floor: take(floor),
     };
     match outcome {
         None => Outcome::Crashed(plan.take_crash().unwrap_or("unknown")),

@@ -634,7 +634,18 @@ impl Source for FakeKafka {
         let mut records = Vec::new();
         if let Some(input) = inner.input.clone() {
             for partition in inner.assigned.clone() {
-                let from = inner.positions.get(&partition).copied().unwrap_or(0);
+                let mut from = inner.positions.get(&partition).copied().unwrap_or(0);
+                // Past the end, Kafka answers OFFSET_OUT_OF_RANGE and the consumer
+                // starts again where `auto.offset.reset` (the engine's: earliest) says.
+                let end = inner
+                    .next_offset
+                    .get(&(input.clone(), partition))
+                    .copied()
+                    .unwrap_or(0);
+                if from > end {
+                    from = 0;
+                    inner.positions.insert(partition, 0);
+                }
                 let taken: Vec<Record> = inner
                     .committed
                     .iter()

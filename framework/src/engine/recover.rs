@@ -234,6 +234,9 @@ pub(super) struct Resync<'a, R, N> {
 pub(super) struct Floor {
     /// The offset: records below it were committed.
     pub(super) at: i64,
+    /// Where a start past it seeks back to: `at`, or the beginning when nothing was
+    /// committed (the log's first offset may be past 0).
+    pub(super) seek_to: Option<i64>,
     /// The first offset the consumer brought, when it was past `at` and the engine
     /// sought back (once).
     pub(super) seen_before_seek: Option<i64>,
@@ -466,7 +469,7 @@ impl<R, N> Resync<'_, R, N> {
                          skipped (transaction markers leave such gaps too)"
                     );
                     at.seen_before_seek = Some(offset);
-                    placed.seek.push((partition, Some(at.at)));
+                    placed.seek.push((partition, at.seek_to));
                     continue;
                 }
                 Some(seen) if offset < seen => {
@@ -833,6 +836,18 @@ impl<R: Restore, N> Resync<'_, R, N> {
     /// offsets first. The floor is set in every mode.
     fn go_on_from(&self, partition: i32, committed: Option<i64>) -> Result<Option<i64>> {
         let Some(committed) = committed else {
+            // Nothing committed: the partition starts at its beginning (the consumer's
+            // `auto.offset.reset` is `earliest`), and a first record past offset 0 is
+            // sought back to the beginning once, as any start past its floor.
+            let floor = Floor {
+                at: 0,
+                seek_to: None,
+                seen_before_seek: None,
+            };
+            self.floor
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(partition, floor);
             return Ok(None);
         };
         let progress = if self.config.delivery == DeliveryMode::ExactlyOnce {
@@ -858,6 +873,7 @@ impl<R: Restore, N> Resync<'_, R, N> {
             partition,
             Floor {
                 at,
+                seek_to: Some(at),
                 seen_before_seek: None,
             },
         );

@@ -1,0 +1,472 @@
+//! A seeded simulation of the fault space, over the engine's own code (the test driver's
+//! in-memory Kafka): each seed makes one schedule of records and faults, runs it, and an
+//! oracle checks the delivery mode's promise. One seed replays one schedule exactly.
+//!
+//! What a schedule draws (see `Fault`): errors of every class at every Kafka call the
+//! driver can fail (retriable, abortable, fatal), a crash at every crash point, kills
+//! that lose the applies not yet synced, a lost state directory, an instance that lost
+//! its session and goes on as a zombie for some polls, a hand-over to another instance
+//! with its own state directory (which may come back later, stale), the changelog
+//! compacted a day and a half later (values and tombstones gone), a consumer that starts
+//! a partition past its committed offset; and a workload of keyed amounts with copies
+//! sent at once (same batch) and much later, and refused records (dead letters).
+//!
+//! The oracle, per delivery mode: exactly once: every event's output (or dead letter)
+//! once, each key's outputs in order with the exact running sum, the state exact, every
+//! event's dedup entry there; at least once: nothing lost, the state never behind;
+//! at most once: nothing twice, the state never ahead.
+//!
+//! A failure names its seed and the command that replays it:
+//! `SIM_SEED=<seed> cargo test -p onceflow-e2e --test simulation one_seed -- --nocapture`.
+//! CI runs 2,000 schedules; `--features soak` runs 100,000.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use onceflow::testing::{CrashPoint, KafkaCall, OutgoingRecord, TestDriver};
+use onceflow::{DeliveryMode, ErrorClass};
+use onceflow_e2e::sum::{Amount, Sum, Summed};
+
+const OUT: &str = "sums";
+
+/// Schedules per test function (four of them run side by side).
+#[cfg(not(feature = "soak"))]
+const SCHEDULES: u64 = 500;
+#[cfg(feature = "soak")]
+const SCHEDULES: u64 = 25_000;
+
+/// What one schedule is about, drawn from its seed.
+#[derive(Debug)]
+struct Schedule {
+    delivery: DeliveryMode,
+    partitions: i32,
+    batch: usize,
+    keys: usize,
+    events: usize,
+}
+
+/// One step of a schedule.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// Pipe the next events (each now and then with a copy at once, or a copy of an
+    /// earlier one).
+    Pipe(usize),
+    /// Process what is there.
+    Process,
+    Fault(Fault),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Fail(KafkaCall, u32, ErrorClass),
+    Crash(CrashPoint, u32),
+    Kill,
+    LoseLocalState,
+    Zombie(u32),
+    SwitchInstance(usize),
+    CompactAfterADayAndAHalf,
+    MisplaceStart(i32, i64),
+    Restart,
+}
+
+const CALLS: [KafkaCall; 6] = [
+    KafkaCall::Begin,
+    KafkaCall::Send,
+    KafkaCall::SendOffsets,
+    KafkaCall::Commit,
+    KafkaCall::Abort,
+    KafkaCall::CommittedOffsets,
+];
+const CLASSES: [ErrorClass; 3] = [
+    ErrorClass::Retriable,
+    ErrorClass::Abortable,
+    ErrorClass::Fatal,
+];
+
+fn draw_schedule(rng: &mut fastrand::Rng) -> (Schedule, Vec<Step>) {
+    let delivery = match rng.u8(0..10) {
+        0..7 => DeliveryMode::ExactlyOnce,
+        7..9 => DeliveryMode::AtLeastOnce,
+        _ => DeliveryMode::AtMostOnce,
+    };
+    let schedule = Schedule {
+        delivery,
+        partitions: rng.i32(1..=3),
+        batch: rng.usize(1..=40),
+        keys: rng.usize(1..=6),
+        events: rng.usize(10..=80),
+    };
+    let mut steps = Vec::new();
+    let mut left = schedule.events;
+    while left > 0 {
+        let n = rng.usize(1..=left.min(25));
+        steps.push(Step::Pipe(n));
+        left -= n;
+        for _ in 0..rng.usize(0..=2) {
+            steps.push(Step::Fault(draw_fault(rng, schedule.partitions)));
+        }
+        steps.push(Step::Process);
+    }
+    (schedule, steps)
+}
+
+fn draw_fault(rng: &mut fastrand::Rng, partitions: i32) -> Fault {
+    match rng.u8(0..20) {
+        0..7 => Fault::Fail(
+            CALLS[rng.usize(0..CALLS.len())],
+            rng.u32(1..=6),
+            CLASSES[rng.usize(0..CLASSES.len())],
+        ),
+        7..11 => Fault::Crash(
+            CrashPoint::ALL[rng.usize(0..CrashPoint::ALL.len())],
+            rng.u32(1..=4),
+        ),
+        11 => Fault::Kill,
+        12 => Fault::LoseLocalState,
+        13..15 => Fault::Zombie(rng.u32(0..=2)),
+        15..17 => Fault::SwitchInstance(rng.usize(0..3)),
+        17 => Fault::CompactAfterADayAndAHalf,
+        18 => Fault::MisplaceStart(rng.i32(0..partitions), rng.i64(1..=3)),
+        _ => Fault::Restart,
+    }
+}
+
+/// An input event: keyed, with an ID; a negative amount is refused (dead-lettered); an
+/// amount of 0 resets the key (deletes its state), in exactly-once schedules only (at
+/// least once may do a reset again after later additions, at most once may skip one:
+/// their promises about state hold for sums that only grow).
+fn event(rng: &mut fastrand::Rng, index: usize, keys: usize, resets: bool) -> Amount {
+    let amount = match rng.u8(0..25) {
+        0 => -rng.i64(1..=9),
+        1..=2 if resets => 0,
+        _ => rng.i64(1..=9),
+    };
+    Amount {
+        id: Some(format!("e-{index}")),
+        key: format!("k{}", rng.usize(0..keys)),
+        amount,
+        anonymous: false,
+    }
+}
+
+fn keyed(event: &Amount) -> OutgoingRecord {
+    OutgoingRecord::keyed(event.key.clone(), serde_json::to_vec(event).expect("json"))
+}
+
+/// Runs the schedule of `seed`; `Err` says what the oracle found.
+async fn run(seed: u64) -> Result<(), String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let (schedule, steps) = draw_schedule(&mut rng);
+    let mut driver = TestDriver::new(Sum::new(OUT))
+        .configure(|config| {
+            let mut config = config
+                .output(OUT)
+                .delivery(schedule.delivery)
+                .batching(Duration::from_millis(100), schedule.batch);
+            // Every copy, however late, stays inside the dedup window.
+            config.dedup_window = Duration::from_secs(30 * 24 * 3600);
+            config
+        })
+        .input_partitions(schedule.partitions)
+        .topic_partitions(OUT, schedule.partitions);
+    let mut events: Vec<Amount> = Vec::new();
+    // How many input records each event has (copies included).
+    let mut records: Vec<usize> = Vec::new();
+    // Where each event's first record landed.
+    let mut landed: Vec<(i32, i64)> = Vec::new();
+    let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
+    let note = |at: (i32, i64), ends: &mut BTreeMap<i32, i64>| {
+        let end = ends.entry(at.0).or_default();
+        *end = (*end).max(at.1 + 1);
+    };
+    for step in &steps {
+        match *step {
+            Step::Pipe(n) => {
+                for _ in 0..n {
+                    let resets = schedule.delivery == DeliveryMode::ExactlyOnce;
+                    let next = event(&mut rng, events.len(), schedule.keys, resets);
+                    let at = driver.pipe_record(keyed(&next));
+                    note(at, &mut ends);
+                    let refused = next.amount < 0;
+                    events.push(next);
+                    landed.push(at);
+                    records.push(1);
+                    // A producer's retry: a copy at once, often in the same batch.
+                    if !refused && rng.u8(0..8) == 0 {
+                        let copy = driver.pipe_again(at.0, at.1).expect("just piped");
+                        note(copy, &mut ends);
+                        *records.last_mut().expect("just pushed") += 1;
+                    }
+                    // An upstream's replay: a copy of an earlier event, much later.
+                    if rng.u8(0..12) == 0 {
+                        let earlier = rng.usize(0..events.len());
+                        if events[earlier].amount >= 0 {
+                            let (p, o) = landed[earlier];
+                            let copy = driver.pipe_again(p, o).expect("piped before");
+                            note(copy, &mut ends);
+                            records[earlier] += 1;
+                        }
+                    }
+                }
+            }
+            Step::Process => {
+                // A stopped instance (a fatal error) starts again at the next call.
+                let _ = driver.process().await;
+            }
+            Step::Fault(fault) => apply(&mut driver, fault)?,
+        }
+    }
+    // Settle: faults still armed fire or not; the instance runs until every input
+    // record is committed.
+    let mut settled = false;
+    for round in 0..30 {
+        let outcome = driver.process().await;
+        if outcome.is_ok()
+            && ends
+                .iter()
+                .all(|(p, end)| driver.committed_offset(*p) == Some(*end))
+        {
+            settled = true;
+            break;
+        }
+        // A consumer started past its floor is noticed by the partition's next record
+        // (then the engine seeks back): on a partition that gets none it waits. A live
+        // stream's next record, on each partition short of its end.
+        if round == 4 {
+            for partition in 0..schedule.partitions {
+                let end = ends.get(&partition).copied();
+                if end.is_some() && driver.committed_offset(partition) != end {
+                    let next = Amount {
+                        id: Some(format!("e-{}", events.len())),
+                        key: format!("tail-{partition}"),
+                        amount: 1,
+                        anonymous: false,
+                    };
+                    let mut record = keyed(&next);
+                    record.partition = Some(partition);
+                    let at = driver.pipe_record(record);
+                    note(at, &mut ends);
+                    events.push(next);
+                    landed.push(at);
+                    records.push(1);
+                }
+            }
+        }
+    }
+    if !settled {
+        return Err(format!(
+            "the input was not committed to its end after 30 runs: committed {:?}, ends {ends:?}",
+            (0..schedule.partitions)
+                .map(|p| driver.committed_offset(p))
+                .collect::<Vec<_>>()
+        ));
+    }
+    check(&driver, &schedule, &events, &landed, &records)
+}
+
+fn apply(driver: &mut TestDriver<Sum>, fault: Fault) -> Result<(), String> {
+    let failed = |what: &str, e: onceflow::Error| format!("{what}: {e}");
+    match fault {
+        Fault::Fail(call, nth, class) => driver.fail(call, nth, class),
+        Fault::Crash(point, nth) => driver.crash_at(point, nth),
+        Fault::Kill => driver.kill().map_err(|e| failed("kill", e))?,
+        Fault::LoseLocalState => driver
+            .lose_local_state()
+            .map_err(|e| failed("lose the local state", e))?,
+        Fault::Zombie(polls) => driver.lose_session(polls),
+        Fault::SwitchInstance(n) => driver
+            .switch_instance(&format!("instance-{n}"))
+            .map_err(|e| failed("switch instance", e))?,
+        Fault::CompactAfterADayAndAHalf => {
+            driver.advance_time(Duration::from_secs(36 * 3600));
+            driver.compact_changelog();
+        }
+        Fault::MisplaceStart(partition, by) => {
+            driver.misplace_next_assignment(partition, by);
+            driver.restart().map_err(|e| failed("restart", e))?;
+        }
+        Fault::Restart => driver.restart().map_err(|e| failed("restart", e))?,
+    }
+    Ok(())
+}
+
+/// The oracle.
+fn check(
+    driver: &TestDriver<Sum>,
+    schedule: &Schedule,
+    events: &[Amount],
+    landed: &[(i32, i64)],
+    records: &[usize],
+) -> Result<(), String> {
+    let outputs: Vec<Summed> = driver
+        .output_values(OUT)
+        .map_err(|e| format!("outputs: {e}"))?;
+    let mut output_count: BTreeMap<&str, usize> = BTreeMap::new();
+    for output in &outputs {
+        *output_count
+            .entry(output.id.as_deref().unwrap_or("?"))
+            .or_default() += 1;
+    }
+    let mut dead_count: BTreeMap<String, usize> = BTreeMap::new();
+    for dead in driver.dead_letters() {
+        let value: Amount = serde_json::from_slice(dead.value.as_deref().unwrap_or_default())
+            .map_err(|e| format!("a dead letter's value: {e}"))?;
+        *dead_count.entry(value.id.unwrap_or_default()).or_default() += 1;
+    }
+    let mode = schedule.delivery;
+    let mut sums: BTreeMap<&str, i64> = BTreeMap::new();
+    for ((event, at), records) in events.iter().zip(landed).zip(records) {
+        let id = event.id.as_deref().unwrap_or_default();
+        let (out, dead) = (
+            output_count.get(id).copied().unwrap_or(0),
+            dead_count.get(id).copied().unwrap_or(0),
+        );
+        let (wanted, got) = if event.amount < 0 {
+            if out > 0 {
+                return Err(format!("{id} (refused) has {out} outputs"));
+            }
+            ("dead letters", dead)
+        } else {
+            let sum = sums.entry(&event.key).or_default();
+            *sum = if event.amount == 0 {
+                0
+            } else {
+                *sum + event.amount
+            };
+            if dead > 0 {
+                return Err(format!("{id} was dead-lettered {dead} times"));
+            }
+            ("outputs", out)
+        };
+        let kept = match mode {
+            DeliveryMode::ExactlyOnce => got == 1,
+            DeliveryMode::AtLeastOnce => got >= 1,
+            // At most once is a promise per record: each copy at most once. Dedup by
+            // event ID is best effort there (a dedup entry lands after the outputs).
+            _ => got <= *records,
+        };
+        if !kept {
+            return Err(format!(
+                "{id} has {got} {wanted} from {records} input records ({mode:?})"
+            ));
+        }
+        if event.amount >= 0
+            && mode != DeliveryMode::AtMostOnce
+            && !driver
+                .is_processed(at.0, id)
+                .map_err(|e| format!("dedup entry of {id}: {e}"))?
+        {
+            return Err(format!("{id} has no dedup entry in partition {}", at.0));
+        }
+    }
+    for (key, sum) in &sums {
+        let state: Vec<i64> = (0..schedule.partitions)
+            .filter_map(|p| driver.state::<i64>(p, key).ok().flatten())
+            .collect();
+        let found = state.iter().sum::<i64>();
+        let kept = match mode {
+            // A key reset last has no state (0 is never stored: a reset deletes it).
+            DeliveryMode::ExactlyOnce if *sum == 0 => state.is_empty(),
+            DeliveryMode::ExactlyOnce => state.len() == 1 && found == *sum,
+            DeliveryMode::AtLeastOnce => found >= *sum,
+            _ => found <= *sum,
+        };
+        if !kept {
+            return Err(format!(
+                "the state of {key} is {state:?}, the sum of its events {sum} ({mode:?})"
+            ));
+        }
+    }
+    if mode == DeliveryMode::ExactlyOnce {
+        // Each key's outputs in the order its events were first piped, with the exact
+        // running sum.
+        let first_at: BTreeMap<&str, usize> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.id.as_deref().unwrap_or_default(), i))
+            .collect();
+        let mut by_key: BTreeMap<&str, Vec<&Summed>> = BTreeMap::new();
+        for output in &outputs {
+            by_key.entry(&output.key).or_default().push(output);
+        }
+        for (key, list) in by_key {
+            let mut running = 0;
+            let mut last = None;
+            for output in list {
+                running = if output.amount == 0 {
+                    0
+                } else {
+                    running + output.amount
+                };
+                let at = first_at.get(output.id.as_deref().unwrap_or_default());
+                if output.sum != running || at < last {
+                    return Err(format!(
+                        "{key}'s outputs are out of order or their sums wrong at {output:?} \
+                         (running sum {running})"
+                    ));
+                }
+                last = at;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs seeds `from..from + SCHEDULES`; panics with every failing seed and how to
+/// replay it.
+async fn run_seeds(from: u64) {
+    let mut failed = Vec::new();
+    for seed in from..from + SCHEDULES {
+        if let Err(why) = run(seed).await {
+            failed.push(format!(
+                "seed {seed}: {why}\n  replay: SIM_SEED={seed} cargo test -p onceflow-e2e \
+                 --test simulation one_seed -- --nocapture"
+            ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {SCHEDULES} schedules broke the promise:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn schedules_from_seed_0() {
+    run_seeds(0).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn schedules_from_seed_1m() {
+    run_seeds(1_000_000).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn schedules_from_seed_2m() {
+    run_seeds(2_000_000).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn schedules_from_seed_3m() {
+    run_seeds(3_000_000).await;
+}
+
+/// Replays one schedule: `SIM_SEED` (else seed 7), printing it.
+#[tokio::test(start_paused = true)]
+async fn one_seed() {
+    let seed = std::env::var("SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7);
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let (schedule, steps) = draw_schedule(&mut rng);
+    println!("seed {seed}: {schedule:?}\n{steps:#?}");
+    if let Err(why) = run(seed).await {
+        panic!("seed {seed}: {why}");
+    }
+}
