@@ -209,10 +209,20 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             self.count_without_id(record, part);
         }
         crash_point!(await "onceflow-after-process");
+        #[cfg(debug_assertions)]
+        let changed_state = writes.iter().any(|(_, changes)| {
+            changes
+                .iter()
+                .any(|change| matches!(change, Change::State { .. }))
+        });
         merge(&mut part.overlay, writes);
         self.send_outputs(outputs, part).await?;
         crash_point!(await "onceflow-after-produce");
         if let Some(id) = event_id {
+            #[cfg(debug_assertions)]
+            if changed_state {
+                part.changed_state.push((record.partition, id.clone()));
+            }
             part.overlay
                 .mark_processed(record.partition, id, record.offset, now_ms);
         }
@@ -303,6 +313,10 @@ pub(super) struct Part<'a, P> {
     /// commits again, so that its transaction carries the group's metadata and is
     /// refused from an instance that lost its session.
     pub(super) standing: Vec<(i32, i64)>,
+    /// The records with an event ID that changed state in this part (debug builds: the
+    /// commit checks that each one's dedup entry goes with its changes).
+    #[cfg(debug_assertions)]
+    pub(super) changed_state: Vec<(i32, String)>,
 }
 
 impl<'a, P> Part<'a, P> {
@@ -325,6 +339,8 @@ impl<'a, P> Part<'a, P> {
             window_start_ms: now_ms.saturating_sub(window_ms),
             opened: std::time::Instant::now(),
             standing: Vec::new(),
+            #[cfg(debug_assertions)]
+            changed_state: Vec::new(),
         })
     }
 }

@@ -75,6 +75,8 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         } else {
             overlay.into_changes()
         };
+        #[cfg(debug_assertions)]
+        check_entries_beside_state(&changes, &part.changed_state);
         changelog::add_progress(&mut changes, &next_offsets);
         // Where the changelog records landed, once acknowledged (with the transaction's
         // commit at the latest).
@@ -267,6 +269,30 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     }
 }
 
+/// Self-check of debug builds: every record with an event ID that changed state has its
+/// dedup entry among the changes its state changes are sent and applied with, and no
+/// expiry of that entry after it. A state change applied without its record's entry
+/// (or the entry without the change) is how a record is done twice or lost for good.
+#[cfg(debug_assertions)]
+fn check_entries_beside_state(changes: &[(i32, Vec<Change>)], changed_state: &[(i32, String)]) {
+    for (partition, id) in changed_state {
+        let last = changes
+            .iter()
+            .filter(|(p, _)| p == partition)
+            .flat_map(|(_, list)| list)
+            .filter(|change| match change {
+                Change::Processed { id: entry, .. } | Change::Expired { id: entry } => entry == id,
+                _ => false,
+            })
+            .last();
+        assert!(
+            matches!(last, Some(Change::Processed { .. })),
+            "the dedup entry of {id} (partition {partition}) does not go with its state \
+             changes: {last:?}"
+        );
+    }
+}
+
 /// The two waves in which at least once sends a batch's changelog: what a record changed
 /// (state, expiries), then the dedup entries that say it was done (and the progress).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,4 +361,51 @@ pub(super) fn next_offsets(records: &[kafka::Record]) -> Vec<(i32, i64)> {
         next.insert(record.partition, record.offset + 1);
     }
     next.into_iter().collect()
+}
+
+#[cfg(all(test, debug_assertions))]
+mod tests {
+    use super::check_entries_beside_state;
+    use crate::txlog::Change;
+
+    fn state() -> Change {
+        Change::State {
+            key: b"k".to_vec(),
+            value: Some(b"1".to_vec()),
+        }
+    }
+
+    fn entry(id: &str) -> Change {
+        Change::Processed {
+            id: id.into(),
+            offset: 0,
+            processed_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_dedup_entry_beside_its_state_changes_passes_the_self_check() {
+        check_entries_beside_state(&[(0, vec![entry("x"), state()])], &[(0, "x".into())]);
+    }
+
+    #[test]
+    #[should_panic(expected = "does not go with its state changes")]
+    fn state_changes_without_their_dedup_entry_fail_the_self_check() {
+        check_entries_beside_state(
+            &[(0, vec![state()]), (1, vec![entry("x")])],
+            &[(0, "x".into())],
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "does not go with its state changes")]
+    fn an_entry_expired_in_the_same_batch_fails_the_self_check() {
+        check_entries_beside_state(
+            &[(
+                0,
+                vec![entry("x"), state(), Change::Expired { id: "x".into() }],
+            )],
+            &[(0, "x".into())],
+        );
+    }
 }

@@ -484,7 +484,12 @@ impl<R, N> Resync<'_, R, N> {
                     );
                     placed.corrected += 1;
                 }
-                _ => {}
+                _ => tracing::debug!(
+                    partition,
+                    floor = at.at,
+                    first = offset,
+                    "the partition's first record after catching up is where it must go on from"
+                ),
             }
             floor.remove(&partition);
         }
