@@ -9,7 +9,8 @@
 //!
 //! A timer-only transaction now commits the group's committed offsets of its partitions
 //! again, with the consumer's group metadata, so the zombie's is refused and aborted.
-//! This test runs that scenario with two `reminder_processor` child processes.
+//! This test runs that scenario with two `sum_processor` child processes running the
+//! timer tests' `Buckets` (`SUM_PROCESSOR=reminders`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -47,14 +48,14 @@ async fn a_zombie_commits_no_reminder_its_successor_fired() -> TestResult {
     let disks = [tempfile::tempdir()?, tempfile::tempdir()?];
     let logs = tempfile::tempdir()?;
     let a = Instance {
-        binary: env!("CARGO_BIN_EXE_reminder_processor").into(),
+        binary: env!("CARGO_BIN_EXE_sum_processor").into(),
         brokers: kafka.bootstrap_servers().to_owned(),
         group: op.group.clone(),
         instance: "a".into(),
         input: op.input.clone(),
         output: op.output.clone(),
         state_dir: disks[0].path().to_owned(),
-        env: Vec::new(),
+        env: vec![("SUM_PROCESSOR".into(), "reminders".into())],
         user: None,
     };
     let b = Instance {

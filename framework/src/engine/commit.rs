@@ -280,11 +280,10 @@ fn check_entries_beside_state(changes: &[(i32, Vec<Change>)], changed_state: &[(
             .iter()
             .filter(|(p, _)| p == partition)
             .flat_map(|(_, list)| list)
-            .filter(|change| match change {
+            .rfind(|change| match change {
                 Change::Processed { id: entry, .. } | Change::Expired { id: entry } => entry == id,
                 _ => false,
-            })
-            .last();
+            });
         assert!(
             matches!(last, Some(Change::Processed { .. })),
             "the dedup entry of {id} (partition {partition}) does not go with its state \

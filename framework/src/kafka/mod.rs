@@ -30,7 +30,10 @@ pub(crate) use error::{kafka_error, known_topic_error};
 pub(crate) use producer::{OutputProducer, Pending};
 #[cfg(feature = "testkit")]
 pub(crate) use read::{committed_offsets, read_to_end, stable_ends};
-pub(crate) use replay::{ReadEnd, Until, open_from_before, read_partition, read_partition_to_end};
+// The test driver's replay decides when to end as the engine's does.
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use replay::open_from_before;
+pub(crate) use replay::{ReadEnd, Until, read_partition, read_partition_to_end};
 pub(crate) use security::{Resources, check_connection, explain};
 pub(crate) use topic_id::topic_id;
 #[cfg(feature = "testkit")]

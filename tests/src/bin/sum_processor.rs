@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use onceflow::{Engine, EngineConfig, Error};
+use onceflow_e2e::buckets::{self, Buckets};
 use onceflow_e2e::poison::Picky;
 use onceflow_e2e::sum::Sum;
 
@@ -42,6 +43,10 @@ async fn main() {
         let max_batch_records = config.max_batch_records;
         config = config.batching(Duration::from_millis(ms), max_batch_records);
     }
+    let processor = std::env::var("SUM_PROCESSOR");
+    if processor.as_deref() == Ok("reminders") {
+        config = config.rename_output(buckets::OUT, output.clone());
+    }
     let engine = match Engine::new(config) {
         Ok(engine) => engine,
         Err(error) => {
@@ -62,9 +67,12 @@ async fn main() {
         }
         shutdown.trigger();
     });
-    // SUM_PROCESSOR=picky runs the processor of the dead-letter tests instead.
-    let result = match std::env::var("SUM_PROCESSOR").as_deref() {
+    // SUM_PROCESSOR=picky runs the processor of the dead-letter tests instead, and
+    // SUM_PROCESSOR=reminders the timer tests' `Buckets` (its `closed` output renamed
+    // to SUM_OUTPUT), whose `Tick`s with `remind_in_ms` schedule wall-clock reminders.
+    let result = match processor.as_deref() {
         Ok("picky") => engine.run(Picky::new(output)).await,
+        Ok("reminders") => engine.run(Buckets::default()).await,
         _ => engine.run(Sum::new(output)).await,
     };
     match result {
@@ -80,6 +88,8 @@ async fn main() {
                         "commits": stats.commits,
                         "aborts": stats.aborts,
                         "assignments": stats.assignments,
+                        "replayed_records": stats.replayed_records,
+                        "timers_fired": stats.timers_fired,
                     })
                 );
             }
