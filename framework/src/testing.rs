@@ -461,6 +461,14 @@ impl<P: Processor> TestDriver<P> {
         self.kafka.compact(&self.config.changelog_topic());
     }
 
+    /// The next time the engine holds its consumer (while it recovers from a failed
+    /// batch or catches up), the group revokes input `partition` and assigns it back,
+    /// and some of its records from the committed offset come in the same poll, as
+    /// librdkafka may return them before a pause takes effect.
+    pub fn rebalance_while_held(&mut self, partition: i32) {
+        self.kafka.bounce_while_held(partition);
+    }
+
     /// The next assignment of input `partition` starts `by` records past the group's
     /// committed offset, as librdkafka's pause/assign races can make a consumer start;
     /// the engine must still process every record from the committed offset on.

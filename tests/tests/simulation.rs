@@ -8,7 +8,8 @@
 //! its session and goes on as a zombie for some polls, a hand-over to another instance
 //! with its own state directory (which may come back later, stale), the changelog
 //! compacted a day and a half later (values and tombstones gone), a consumer that starts
-//! a partition past its committed offset; and a workload of keyed amounts with copies
+//! a partition past its committed offset, a partition revoked and assigned back while
+//! the consumer is held (its records coming in the same poll); and a workload of keyed amounts with copies
 //! sent at once (same batch) and much later, and refused records (dead letters).
 //!
 //! The oracle, per delivery mode: exactly once: every event's output (or dead letter)
@@ -66,6 +67,7 @@ enum Fault {
     SwitchInstance(usize),
     CompactAfterADayAndAHalf,
     MisplaceStart(i32, i64),
+    RebalanceWhileHeld(i32),
     Restart,
 }
 
@@ -111,7 +113,8 @@ fn draw_schedule(rng: &mut fastrand::Rng) -> (Schedule, Vec<Step>) {
 }
 
 fn draw_fault(rng: &mut fastrand::Rng, partitions: i32) -> Fault {
-    match rng.u8(0..20) {
+    match rng.u8(0..22) {
+        20..22 => Fault::RebalanceWhileHeld(rng.i32(0..partitions)),
         0..7 => Fault::Fail(
             CALLS[rng.usize(0..CALLS.len())],
             rng.u32(1..=6),
@@ -285,6 +288,7 @@ fn apply(driver: &mut TestDriver<Sum>, fault: Fault) -> Result<(), String> {
             driver.misplace_next_assignment(partition, by);
             driver.restart().map_err(|e| failed("restart", e))?;
         }
+        Fault::RebalanceWhileHeld(partition) => driver.rebalance_while_held(partition),
         Fault::Restart => driver.restart().map_err(|e| failed("restart", e))?,
     }
     Ok(())

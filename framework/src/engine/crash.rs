@@ -83,6 +83,11 @@ impl CrashPlan {
     }
 }
 
+/// Whether this task is a test driver's engine (it runs inside a plan's scope).
+pub(crate) fn in_driver() -> bool {
+    PLAN.try_with(|_| ()).is_ok()
+}
+
 /// Whether the task's plan crashes at `point` now (counting the pass).
 pub(crate) fn due(point: &str) -> bool {
     PLAN.try_with(|plan| plan.pass(point)).unwrap_or(false)

@@ -187,6 +187,10 @@ struct Inner {
     /// Per partition, how far past the committed offset its next assignment starts (as
     /// librdkafka's pause/assign races can make it): once.
     misplaced: BTreeMap<i32, i64>,
+    /// Partitions the group takes away and gives back while the consumer is held next,
+    /// their records from the committed offset coming in the same poll (before the
+    /// pause takes effect on the new assignment).
+    bounce_while_held: Vec<i32>,
     /// The time of records sent without one (the driver's clock), if set.
     clock: Option<crate::clock::Clock>,
     /// The changelog's `delete.retention.ms` (none: Kafka's default).
@@ -480,6 +484,13 @@ impl FakeKafka {
         });
     }
 
+    /// The next time the consumer is held, the group takes `partition` away and gives
+    /// it back, and up to three of its records from the committed offset come in the
+    /// same poll.
+    pub(crate) fn bounce_while_held(&self, partition: i32) {
+        self.inner().bounce_while_held.push(partition);
+    }
+
     /// The next assignment of `partition` starts `by` records past the group's
     /// committed offset, as librdkafka's pause/assign races can make it start.
     pub(crate) fn misplace_next_assignment(&self, partition: i32, by: i64) {
@@ -727,9 +738,40 @@ impl Source for FakeKafka {
     fn keep_alive(&self) -> impl Future<Output = Result<Polled>> + Send {
         // Not recorded: how many polls happen depends on the time the work takes.
         let mut inner = self.inner();
-        let result = inner
-            .fault(Kind::KeepAlive, None)
-            .map(|()| inner.held_polls.pop_front().unwrap_or_default());
+        let result = inner.fault(Kind::KeepAlive, None).map(|()| {
+            let bounced: Vec<i32> = std::mem::take(&mut inner.bounce_while_held)
+                .into_iter()
+                .filter(|p| inner.assigned.contains(p))
+                .collect();
+            if bounced.is_empty() {
+                return inner.held_polls.pop_front().unwrap_or_default();
+            }
+            let mut records = Vec::new();
+            if let Some(input) = inner.input.clone() {
+                for partition in &bounced {
+                    let from = inner.committed_offsets.get(partition).copied().unwrap_or(0);
+                    let taken: Vec<Record> = inner
+                        .committed
+                        .iter()
+                        .filter(|r| {
+                            r.topic == input && r.partition == *partition && r.offset >= from
+                        })
+                        .take(3)
+                        .map(Stored::to_record)
+                        .collect();
+                    let next = taken.last().map_or(from, |r| r.offset + 1);
+                    inner.positions.insert(*partition, next);
+                    records.extend(taken);
+                }
+            }
+            Polled {
+                records,
+                rebalances: vec![
+                    Rebalanced::Revoked(bounced.clone()),
+                    Rebalanced::Assigned(bounced),
+                ],
+            }
+        });
         std::future::ready(result)
     }
 

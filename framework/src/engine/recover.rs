@@ -322,10 +322,17 @@ where
         return Ok(());
     };
     // A partition revoked while catching up is not sought (its new owner reads from the
-    // committed offset; the engine's loop forgets it).
+    // committed offset; the engine's loop forgets it), and neither is one revoked and
+    // assigned back meanwhile: the engine's loop catches it up for its new assignment,
+    // whose records from the committed offset may already wait among the held polls. A
+    // seek now would move the consumer back behind them, and they would come twice,
+    // past the floor their first delivery cleared (found by the simulation, seeds
+    // 2000347 and 3000272: a refused record dead-lettered twice).
     if resync.rebalanced_meanwhile() {
         let assigned = consumer.assigned().await?;
-        committed.retain(|(partition, _)| assigned.contains(partition));
+        let moved = resync.rebalanced_partitions();
+        committed
+            .retain(|(partition, _)| assigned.contains(partition) && !moved.contains(partition));
     }
     tracing::info!(positions = ?committed, "moving the partitions to where catching up found them");
     retry_transient("seek to the committed offsets", || {
@@ -363,7 +370,7 @@ where
             return Err(fatal);
         }
         tracing::warn!(error = %cause, "recreating the producer: its transaction was aborted under it");
-        *producer = new_producer(&resync.renew).await?;
+        *producer = new_producer(&resync.renew, resync.stats).await?;
     } else if config.delivery == DeliveryMode::ExactlyOnce && cause.timed_out_request() {
         // Fail closed: a transactional request that timed out on the client may still
         // land later, in a later transaction of the same producer epoch (librdkafka has
@@ -377,7 +384,7 @@ where
             return Err(fatal);
         }
         tracing::warn!(error = %cause, "a transactional request timed out: replacing the producer rather than using it again");
-        *producer = new_producer(&resync.renew).await?;
+        *producer = new_producer(&resync.renew, resync.stats).await?;
     } else if config.delivery == DeliveryMode::ExactlyOnce
         && let Err(error) = producer.abort().await
     {
@@ -393,7 +400,7 @@ where
                 return Err(fatal);
             }
             tracing::warn!(%error, "abort failed; recreating the producer");
-            *producer = new_producer(&resync.renew).await?;
+            *producer = new_producer(&resync.renew, resync.stats).await?;
         }
     }
     if config.delivery == DeliveryMode::AtMostOnce {
@@ -407,8 +414,11 @@ where
 
 /// A new producer, through `renew`, waited for while the cluster recovers (up to
 /// [`RECOVERY_PATIENCE`]): every place recovery replaces the producer goes through here.
-async fn new_producer<P, N: Renew<P>>(renew: &N) -> Result<P> {
-    retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || renew.renew()).await
+async fn new_producer<P, N: Renew<P>>(renew: &N, stats: &Stats) -> Result<P> {
+    let producer =
+        retry_transient_for("recreate the producer", RECOVERY_PATIENCE, || renew.renew()).await?;
+    Stats::add(&stats.producers_replaced, 1);
+    Ok(producer)
 }
 
 /// An instance's first producer, waited for as long as recovery waits for a new one. An
@@ -566,7 +576,7 @@ impl<R, N> Resync<'_, R, N> {
              ID: taking the fence for the instance's own (a coordinator moved) and making a \
              new producer"
         );
-        *producer = new_producer(&self.renew).await?;
+        *producer = new_producer(&self.renew, self.stats).await?;
         self.producer_fenced.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -630,7 +640,7 @@ impl<R, N> Resync<'_, R, N> {
                      instance ID outlived the session: no successor; making a new producer \
                      and joining the group again"
                 );
-                *producer = new_producer(&self.renew).await?;
+                *producer = new_producer(&self.renew, self.stats).await?;
                 self.producer_fenced
                     .store(false, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
@@ -707,6 +717,19 @@ impl<R: Restore, N> Resync<'_, R, N> {
     /// Takes what the polls of a held consumer brought, poll by poll, in order.
     pub(super) fn take_held(&self) -> Vec<kafka::Polled> {
         std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The partitions the rebalances a held consumer served (and the engine has not
+    /// taken yet) revoked or assigned.
+    pub(super) fn rebalanced_partitions(&self) -> BTreeSet<i32> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.iter()
+            .flat_map(|polled| &polled.rebalances)
+            .flat_map(|event| match event {
+                kafka::Rebalanced::Revoked(partitions)
+                | kafka::Rebalanced::Assigned(partitions) => partitions.iter().copied(),
+            })
+            .collect()
     }
 
     /// Whether a held consumer served a rebalance that the engine has not taken yet.

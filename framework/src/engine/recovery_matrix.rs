@@ -497,21 +497,34 @@ async fn fences_past_the_budget_stop_the_instance() {
     assert_eq!(renewed(&rig), MAX_FENCES + 1);
 }
 
+/// A partition revoked while the consumer is held is not sought (its new owner reads it
+/// from the committed offset), and neither is one revoked and assigned back (the
+/// engine's loop catches it up for its new assignment, whose records may already be
+/// among the held polls: a seek would make them come twice; the simulation found a
+/// refused record dead-lettered twice that way). The others are.
 #[tokio::test(start_paused = true)]
-async fn a_rebalance_while_held_is_handed_on_and_revoked_partitions_are_not_sought() {
+async fn a_rebalance_while_held_is_handed_on_and_partitions_it_moved_are_not_sought() {
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
     // Each replay takes 2 s: the held consumer is polled meanwhile, and the group takes
-    // partition 1 away.
+    // partitions 1 and 2 away and gives 2 back; 0 stays.
     rig.kafka.restore_takes(Duration::from_secs(2));
     rig.kafka.serve_while_held(vec![
-        vec![Rebalanced::Revoked(vec![0, 1])],
-        vec![Rebalanced::Assigned(vec![0])],
+        vec![Rebalanced::Revoked(vec![1, 2])],
+        vec![Rebalanced::Assigned(vec![2])],
     ]);
-    rig.kafka.assign(&[0]);
-    let resync = rig
-        .recover(&kafka(ErrorClass::Abortable)())
-        .await
-        .expect("recovered");
+    rig.kafka.assign(&[0, 2]);
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    let mut producer = rig.kafka.clone();
+    let owned: BTreeSet<i32> = [0, 1, 2].into();
+    recover(
+        &resync,
+        &rig.kafka,
+        &mut producer,
+        &owned,
+        &kafka(ErrorClass::Abortable)(),
+    )
+    .await
+    .expect("recovered");
     let calls = rig.kafka.calls();
     assert_eq!(
         calls.last(),
@@ -526,8 +539,8 @@ async fn a_rebalance_while_held_is_handed_on_and_revoked_partitions_are_not_soug
     assert_eq!(
         rebalances,
         [
-            Rebalanced::Revoked(vec![0, 1]),
-            Rebalanced::Assigned(vec![0])
+            Rebalanced::Revoked(vec![1, 2]),
+            Rebalanced::Assigned(vec![2])
         ]
     );
 }
@@ -677,6 +690,7 @@ async fn a_timed_out_transactional_request_replaces_the_producer_without_using_i
             .await
             .expect("recovered");
         assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
+        assert_eq!(rig.stats.snapshot().producers_replaced, 1);
     }
     // At least once has no transaction and no transactional ID: it rewinds as before.
     let rig = Rig::new(DeliveryMode::AtLeastOnce).await;
