@@ -194,6 +194,62 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     Ok(())
 }
 
+/// Fail closed (issue 40): librdkafka has no Transactions V2 (KIP-890 part 2), so a
+/// transactional request that timed out on the client may still land in a later
+/// transaction of the same producer epoch. The node coordinating the instance's
+/// transactions is paused (every request to it hangs) for longer than the producer's
+/// calls wait, so a commit or `send_offsets` of a batch under way times out on the
+/// client; the paused node stays the coordinator (its broker session outlives the
+/// pause). The instance must replace the producer rather than use it again, and every
+/// event must come out exactly once when the node is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_when_transactional_requests_time_out_on_a_paused_coordinator()
+-> Result<(), Box<dyn std::error::Error>> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    onceflow_e2e::test_logs();
+    let cluster: &'static Cluster = onceflow::testkit::cluster().await;
+    let op = Operator::on(cluster.kafka(), "stalled-txn", 3).await?;
+    let watcher = Watcher::start(op.kafka, &op.output, 3);
+    // A third without an event ID the engine sees: a batch done again after a commit
+    // that went through would double their outputs.
+    let mut events = sum::amounts(0, 3_000, 30);
+    for event in events.iter_mut().skip(1).step_by(3) {
+        event.anonymous = true;
+    }
+    sum::produce(op.kafka, &op.input, &events).await?;
+    let config = op.config("a").batching(Duration::from_millis(100), 50);
+    let transactional_id = config.transactional_id();
+    let engine = Engine::new(config)?;
+    let shutdown = engine.shutdown_handle();
+    let stats = engine.stats();
+    let running = tokio::spawn(engine.run(Sum::new(&op.output)));
+    let deadline = Instant::now() + WITHIN;
+
+    sum::outputs_reach(op.kafka, &op.output, 1_000, deadline, &running).await;
+    let coordinator = cluster.transaction_coordinator(&transactional_id).await?;
+    eprintln!("pausing node {coordinator}, the transaction coordinator, for 15 s");
+    cluster.pause(coordinator).await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    cluster.unpause(coordinator).await?;
+    if running.is_finished() {
+        let stopped = running.await?;
+        cluster.heal().await?;
+        panic!("the instance stopped during the pause: {stopped:?}");
+    }
+    let deadline = Instant::now() + WITHIN;
+    sum::outputs_reach(op.kafka, &op.output, events.len(), deadline, &running).await;
+    stop_caught_up(cluster, &op, shutdown, running).await?;
+    check_exactly_once(&op, &events, watcher).await?;
+    let snapshot = stats.snapshot();
+    eprintln!("counters: {snapshot:?}");
+    assert!(
+        snapshot.producers_replaced >= 1,
+        "no producer was replaced: the pause timed nothing out, or a timed-out producer \
+         was used again: {snapshot:?}"
+    );
+    Ok(())
+}
+
 /// An instance that starts while its transaction coordinator is down waits for the cluster
 /// to move the coordinator, as recovery does, instead of stopping. The node is killed just
 /// before the start, so the instance's first `init_transactions` finds no coordinator until

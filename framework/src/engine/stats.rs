@@ -19,6 +19,7 @@ pub struct Stats {
     pub(crate) assignments: AtomicU64,
     pub(crate) timers_fired: AtomicU64,
     pub(crate) already_committed: AtomicU64,
+    pub(crate) producers_replaced: AtomicU64,
     phase: AtomicU8,
     /// The batch being committed: counted when it commits, or when recovery settles
     /// whether its failed commit went through ([`Stats::settle`]).
@@ -99,6 +100,10 @@ pub struct StatsSnapshot {
     /// on from (the changelog shows them committed; the consumer's position lagged),
     /// dropped without being processed. Exactly-once mode only.
     pub already_committed: u64,
+    /// Transactional producers replaced by recovery (exactly-once): after a timed-out
+    /// transactional request (never used again: it fails closed), a transaction aborted
+    /// under the producer, a failed abort, or a fence taken for the instance's own.
+    pub producers_replaced: u64,
 }
 
 impl Stats {
@@ -119,6 +124,7 @@ impl Stats {
             assignments: get(&self.assignments),
             timers_fired: get(&self.timers_fired),
             already_committed: get(&self.already_committed),
+            producers_replaced: get(&self.producers_replaced),
         }
     }
 

@@ -127,6 +127,7 @@ fn render(stats: &Stats, handle: &PrometheusHandle) -> String {
             "onceflow_already_committed_records_total",
             s.already_committed,
         ),
+        ("onceflow_producers_replaced_total", s.producers_replaced),
     ] {
         metrics::counter!(name).absolute(value);
     }
@@ -179,6 +180,10 @@ fn describe() {
     );
     describe_counter!("onceflow_commits_total", "Batches committed");
     describe_counter!("onceflow_aborts_total", "Batches aborted and rewound");
+    describe_counter!(
+        "onceflow_producers_replaced_total",
+        "Transactional producers replaced by recovery (a timed-out request, a transaction aborted under it, a failed abort, a fence taken for the instance's own)"
+    );
     describe_counter!(
         "onceflow_replayed_records_total",
         "Changelog records replayed into the transaction log"
