@@ -494,11 +494,14 @@ impl<R, N> Resync<'_, R, N> {
                     );
                     placed.corrected += 1;
                 }
-                _ => tracing::debug!(
+                // Once per partition per catch-up: where the consumer started against where
+                // the committed offsets and the changelog's progress said to go on from,
+                // what would explain a record lost or doubled next time.
+                _ => tracing::info!(
                     partition,
                     floor = at.at,
                     first = offset,
-                    "the partition's first record after catching up is where it must go on from"
+                    "the partition's first record after catching up"
                 ),
             }
             floor.remove(&partition);
