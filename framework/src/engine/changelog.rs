@@ -155,6 +155,7 @@ pub(crate) async fn replay(
     stats: &Arc<Stats>,
     cancel: Cancel,
     tombstones_kept: Duration,
+    in_doubt_wait: Duration,
 ) -> Result<()> {
     let options = options.clone();
     let changelog = changelog.to_owned();
@@ -198,6 +199,7 @@ pub(crate) async fn replay(
                     wait,
                     on_wait: &|| stats.set_phase(Phase::WaitingForTransaction),
                     cancelled: &|| cancel.is_cancelled(),
+                    in_doubt_wait,
                 },
                 |offset, key, value| decode(&changelog, partition, offset, key, value),
                 apply,
@@ -291,6 +293,7 @@ mod tests {
                 accept_behind,
                 tombstones_kept: super::DEFAULT_TOMBSTONES_KEPT,
                 wait: Duration::from_secs(60),
+                in_doubt_wait: Duration::from_secs(10),
             };
             let replayed = replay.restore(3, Some(600), &Cancel::default()).await;
             match (accept_behind, replayed) {
@@ -376,6 +379,7 @@ mod tests {
             accept_behind: false,
             tombstones_kept: super::DEFAULT_TOMBSTONES_KEPT,
             wait: Duration::from_secs(60),
+            in_doubt_wait: Duration::from_secs(10),
         };
         let committer = kafka.clone();
         let cancel = Cancel::default();

@@ -118,6 +118,7 @@ pub(crate) async fn run<P: Processor>(
             accept_behind: config.accept_changelog_behind,
             tombstones_kept: kafka.tombstones_kept(),
             wait: config.transaction_timeout + crate::engine::REPLAY_WAIT_GRACE,
+            in_doubt_wait: config.transaction_timeout,
         },
         renew: kafka.clone(),
         held: std::sync::Mutex::new(std::mem::take(&mut instance.kept.held)),

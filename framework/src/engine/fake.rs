@@ -995,6 +995,9 @@ pub(crate) struct MemoryReplay<'a> {
     pub(crate) tombstones_kept: Duration,
     /// How long a replay waits for a transaction that hides committed records.
     pub(crate) wait: Duration,
+    /// How long a replay that reached the committed offset still waits for a
+    /// transaction open since before it began.
+    pub(crate) in_doubt_wait: Duration,
 }
 
 impl MemoryReplay<'_> {
@@ -1065,6 +1068,16 @@ impl Restore for MemoryReplay<'_> {
             self.read_committed(partition, cancel).await?;
             let stable = self.kafka.last_stable_offset(self.changelog, partition);
             if !crate::kafka::open_from_before(stable, high_at_start) {
+                break;
+            }
+            let reached = match committed {
+                None => true,
+                Some(committed) => self
+                    .txlog
+                    .progress(partition)?
+                    .is_some_and(|at| at >= committed),
+            };
+            if reached && started.elapsed() > self.in_doubt_wait {
                 break;
             }
             if started.elapsed() > self.wait {

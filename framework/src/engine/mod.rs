@@ -274,6 +274,7 @@ impl Engine {
                 wait: config.transaction_timeout + REPLAY_WAIT_GRACE,
                 accept_behind: config.accept_changelog_behind,
                 tombstones_kept,
+                in_doubt_wait: config.transaction_timeout,
             },
             renew: NewProducer {
                 options,

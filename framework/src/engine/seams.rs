@@ -271,6 +271,9 @@ pub(crate) struct ChangelogReplay<'a> {
     pub(crate) accept_behind: bool,
     /// The changelog's `delete.retention.ms`.
     pub(crate) tombstones_kept: Duration,
+    /// How long a replay that reached the committed offset still waits for a
+    /// transaction open since before it began (`transaction_timeout`).
+    pub(crate) in_doubt_wait: Duration,
 }
 
 impl Restore for ChangelogReplay<'_> {
@@ -291,6 +294,7 @@ impl Restore for ChangelogReplay<'_> {
             self.stats,
             cancel.clone(),
             self.tombstones_kept,
+            self.in_doubt_wait,
         )
     }
 

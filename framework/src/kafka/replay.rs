@@ -48,6 +48,9 @@ pub(crate) struct Until<'a> {
     pub(crate) on_wait: &'a dyn Fn(),
     /// Whether the caller gave the read up: it ends at once with [`Error::Cancelled`].
     pub(crate) cancelled: &'a dyn Fn() -> bool,
+    /// How long a read that reached its goal still waits for a transaction open since
+    /// before it began (a batch whose commit is in doubt; see [`open_from_before`]).
+    pub(crate) in_doubt_wait: Duration,
 }
 
 /// Where a read of a partition ended.
@@ -247,7 +250,29 @@ pub(crate) fn read_partition<T>(
             }
             continue;
         }
-        if (until.reached)()? && !open_from_before(stable, high) {
+        let reached = (until.reached)()?;
+        if reached && !open_from_before(stable, high) {
+            return Ok(ReadEnd::Read {
+                next,
+                reached: true,
+            });
+        }
+        // Reached, with a transaction open since before the read began: a batch in doubt
+        // is resolved by its coordinator within `in_doubt_wait`; one still open after it
+        // is not this group's batch in doubt (another producer's hanging transaction),
+        // and the progress reached says the replay has what it needs.
+        if reached
+            && let Some((since, _)) = waiting
+            && since.elapsed() > until.in_doubt_wait
+        {
+            tracing::warn!(
+                partition,
+                last_stable_offset = stable,
+                waited = ?since.elapsed(),
+                "a transaction open since before the replay began is still open; the \
+                 replay reached the group's committed offset, so it ends (a batch of this \
+                 group in doubt would have been resolved by now)"
+            );
             return Ok(ReadEnd::Read {
                 next,
                 reached: true,
