@@ -38,6 +38,10 @@
 //!   producer's open transaction holds back. While the last stable offset lags the high
 //!   watermark, replay waits (at most `transaction_timeout` and a grace). So dedup and
 //!   state reads always see every committed batch, a zombie's late commit included.
+//! - A partition's transaction log out of step with its changelog for half the
+//!   changelog's `delete.retention.ms` is rebuilt before it is replayed: compaction may
+//!   have removed a deletion since.
+//! - Timers fired alone commit the group's offsets again, so a zombie's are refused.
 //! - A checkpoint never moves over changelog records that were not replayed. "The
 //!   changelog was recreated" is told by its topic ID (stored in redb, checked at start),
 //!   else by a checkpoint past its high watermark, never by the last stable offset; a

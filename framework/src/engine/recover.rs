@@ -4,7 +4,15 @@
 //! Invariants:
 //! - Nothing is assumed about a failed batch's outcome: every owned partition is caught
 //!   up with the group's stable committed offsets (replaying the changelog to them) and
-//!   moved to them, whether the batch aborted or its commit went through after all.
+//!   moved to them, whether the batch aborted or its commit went through after all;
+//!   except a partition a rebalance moved while the consumer was held, which the
+//!   engine's loop catches up for its new assignment (a seek would move the consumer
+//!   behind records of it already held).
+//! - A producer is never used again after a transactional request of it timed out
+//!   (librdkafka has no Transactions V2): a new one takes its place.
+//! - The engine's position is the authority: a partition's first record past where a
+//!   catch-up found it must go on from makes the engine seek back there, once.
+//! - Replays a catch-up started apply nothing once the catch-up is gone.
 //! - A producer is re-created under the instance's transactional ID only while the
 //!   instance still owns it (its consumer was not fenced by a successor).
 //! - A fence is not proof of a successor: the cluster fences an instance's own producer
