@@ -296,3 +296,38 @@ pub async fn stdin_closed() {
         .unwrap_or(false)
     {}
 }
+
+/// A running instance that is killed if the test ends (a failed assertion, an early
+/// return) before it stopped it, so no child process outlives its test.
+#[derive(Debug)]
+pub struct KillOnDrop(Option<Running>);
+
+impl KillOnDrop {
+    /// Guards `running`.
+    pub fn new(running: Running) -> Self {
+        KillOnDrop(Some(running))
+    }
+
+    /// The instance, still running.
+    pub fn get(&self) -> &Running {
+        self.0.as_ref().expect("running")
+    }
+
+    /// The instance, still running.
+    pub fn get_mut(&mut self) -> &mut Running {
+        self.0.as_mut().expect("running")
+    }
+
+    /// The instance, for a graceful stop: no longer killed on drop.
+    pub fn take(&mut self) -> Running {
+        self.0.take().expect("running")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(running) = self.0.take() {
+            running.kill();
+        }
+    }
+}

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use onceflow::testkit::{Isolation, Kafka};
 use onceflow_e2e::Operator;
-use onceflow_e2e::child::{Instance, Running};
+use onceflow_e2e::child::{Instance, KillOnDrop, Running};
 use onceflow_e2e::sum::{self, Amount, Summed};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -88,7 +88,7 @@ async fn a_deletion_compacted_away_while_an_instance_was_stopped_stays_deleted()
     // a builds the total: 5, in its changelog as the value of `s:hole-e`.
     sum::produce(kafka, &op.input, &[amount("add-5", KEY, 5)]).await?;
     outputs += 1;
-    let mut running_a = Child(Some(a.spawn()));
+    let mut running_a = KillOnDrop::new(a.spawn());
     sum::wait_for_outputs(kafka, &op.output, outputs, WITHIN).await?;
     sum::wait_for_caught_up(kafka, &op.group, &op.input, WITHIN).await?;
     let counters = stop(running_a.take());
@@ -104,7 +104,7 @@ async fn a_deletion_compacted_away_while_an_instance_was_stopped_stays_deleted()
     };
 
     // b takes the partition over and resets the key: its state is deleted.
-    let mut running_b = Child(Some(b.spawn()));
+    let mut running_b = KillOnDrop::new(b.spawn());
     sum::produce(kafka, &op.input, &[amount("reset", KEY, 0)]).await?;
     outputs += 1;
     let reset = sum::wait_for_outputs(kafka, &op.output, outputs, WITHIN).await?;
@@ -195,7 +195,7 @@ async fn a_deletion_compacted_away_while_an_instance_was_stopped_stays_deleted()
         tokio::time::sleep(rest).await;
     }
     let log = disks[0].path().join("a.log");
-    running_a = Child(Some(a.spawn_logging_to(&log)));
+    running_a = KillOnDrop::new(a.spawn_logging_to(&log));
     sum::produce(kafka, &op.input, &[amount("add-1", KEY, 1)]).await?;
     outputs += 1;
     let all = sum::wait_for_outputs(kafka, &op.output, outputs, WITHIN).await?;
@@ -297,22 +297,4 @@ async fn quicken_the_cleaner(kafka: &Kafka) -> TestResult {
 /// Asks for a graceful stop and returns the counters it printed.
 fn stop(running: Running) -> serde_json::Value {
     tokio::task::block_in_place(|| running.stop(WITHIN))
-}
-
-/// A running instance, killed if the test ends (a failed assertion) before it stopped it.
-struct Child(Option<Running>);
-
-impl Child {
-    /// For a graceful stop.
-    fn take(&mut self) -> Running {
-        self.0.take().expect("running")
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        if let Some(running) = self.0.take() {
-            running.kill();
-        }
-    }
 }

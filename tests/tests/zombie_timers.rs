@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use onceflow::testkit::{Isolation, Kafka, Record};
 use onceflow_e2e::Operator;
 use onceflow_e2e::buckets::{Closed, Tick, at};
-use onceflow_e2e::child::{Instance, Running};
+use onceflow_e2e::child::{Instance, KillOnDrop, Running};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
@@ -66,7 +66,7 @@ async fn a_zombie_commits_no_reminder_its_successor_fired() -> TestResult {
 
     // a alone owns the partition and processes the orders: their reminders are pending
     // in its state (and its changelog) once the group has committed the 20 records.
-    let running_a = Child(Some(a.spawn_logging_to(&logs.path().join("a.log"))));
+    let running_a = KillOnDrop::new(a.spawn_logging_to(&logs.path().join("a.log")));
     let now_ms = i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -101,7 +101,7 @@ async fn a_zombie_commits_no_reminder_its_successor_fired() -> TestResult {
         running_a.get().freeze_for(FREEZE);
         running_a
     });
-    let mut running_b = Child(Some(b.spawn_logging_to(&logs.path().join("b.log"))));
+    let mut running_b = KillOnDrop::new(b.spawn_logging_to(&logs.path().join("b.log")));
     // Until a is continued: whether b fired all of them while a was frozen.
     let fired_by_b = wait_for_reminders(kafka, &op.output, frozen_at + FREEZE).await?;
     let mut running_a = freezing.await?;
@@ -161,33 +161,6 @@ async fn a_zombie_commits_no_reminder_its_successor_fired() -> TestResult {
     eprintln!("zombie_timers: b: {}", running_b.take().stop(WITHIN));
     eprintln!("zombie_timers: done in {:?}", started.elapsed());
     Ok(())
-}
-
-/// A child process that is killed if the test ends (a failed assertion, an error)
-/// before it stops it: no instance outlives the test's broker.
-struct Child(Option<Running>);
-
-impl Child {
-    fn get(&self) -> &Running {
-        self.0.as_ref().expect("running")
-    }
-
-    fn get_mut(&mut self) -> &mut Running {
-        self.0.as_mut().expect("running")
-    }
-
-    /// For a graceful stop.
-    fn take(&mut self) -> Running {
-        self.0.take().expect("running")
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        if let Some(running) = self.0.take() {
-            running.kill();
-        }
-    }
 }
 
 /// The records of `topic` visible to `read_committed`.
