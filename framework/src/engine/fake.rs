@@ -739,9 +739,13 @@ impl Source for FakeKafka {
         // Not recorded: how many polls happen depends on the time the work takes.
         let mut inner = self.inner();
         let result = inner.fault(Kind::KeepAlive, None).map(|()| {
+            // Each partition once, as a rebalance names it (the simulation may ask for
+            // the same one twice before a hold comes).
             let bounced: Vec<i32> = std::mem::take(&mut inner.bounce_while_held)
                 .into_iter()
                 .filter(|p| inner.assigned.contains(p))
+                .collect::<std::collections::BTreeSet<i32>>()
+                .into_iter()
                 .collect();
             if bounced.is_empty() {
                 return inner.held_polls.pop_front().unwrap_or_default();
