@@ -159,6 +159,19 @@ impl Rig {
         resync
     }
 
+    /// Commits a batch at offset 0, fails the next one's commit and recovers: partition
+    /// 0 has a floor at 1. Returns the `Resync` with it.
+    async fn floor_after_a_failed_commit(&self) -> Resync<'_, FakeKafka, FakeKafka> {
+        self.run(vec![amount(0, "a", 1)]).await.expect("batch");
+        self.kafka
+            .fail(Kind::Commit, None, 1, kafka_error(ErrorClass::Retriable));
+        let error = self
+            .run(vec![amount(1, "b", 2)])
+            .await
+            .expect_err("the commit failed");
+        self.recover(&error).await
+    }
+
     /// The sums a `read_committed` reader of the output sees.
     fn sums(&self) -> Vec<i64> {
         self.kafka
@@ -642,14 +655,7 @@ async fn a_commit_the_changelog_shows_is_gone_past_when_the_offsets_lag() {
 #[tokio::test(start_paused = true)]
 async fn a_first_record_past_the_floor_is_sought_back_to_once() {
     let rig = Rig::new(DeliveryMode::ExactlyOnce);
-    rig.run(vec![amount(0, "a", 1)]).await.expect("batch");
-    rig.kafka
-        .fail(Kind::Commit, None, 1, kafka_error(ErrorClass::Retriable));
-    let error = rig
-        .run(vec![amount(1, "b", 2)])
-        .await
-        .expect_err("the commit failed");
-    let resync = rig.recover(&error).await;
+    let resync = rig.floor_after_a_failed_commit().await;
     assert_eq!(resync.floors(), [0]);
     let offsets = |records: &[Record]| records.iter().map(|r| r.offset).collect::<Vec<_>>();
 
@@ -692,14 +698,7 @@ async fn a_revoked_partition_forgets_its_floor() {
     use crate::kafka::{Polled, Rebalanced};
 
     let rig = Rig::new(DeliveryMode::ExactlyOnce);
-    rig.run(vec![amount(0, "a", 1)]).await.expect("batch");
-    rig.kafka
-        .fail(Kind::Commit, None, 1, kafka_error(ErrorClass::Retriable));
-    let error = rig
-        .run(vec![amount(1, "b", 2)])
-        .await
-        .expect_err("the commit failed");
-    let resync = rig.recover(&error).await;
+    let resync = rig.floor_after_a_failed_commit().await;
     assert_eq!(resync.floors(), [0]);
     let mut owned: BTreeSet<i32> = [0].into();
     let mut polled = Polled {
