@@ -173,11 +173,32 @@ pub struct TestDriver<P: Processor> {
     now: Arc<AtomicI64>,
     plan: Arc<CrashPlan>,
     dir: tempfile::TempDir,
-    txlog: Option<Arc<TxLog>>,
-    instance: Option<Instance<P>>,
+    /// The instances of the group: one unless [`TestDriver::instances`] says more.
+    slots: Vec<Slot<P>>,
     /// The processor's declarations were merged into the configuration.
     merged: bool,
     crashes: Vec<CrashPoint>,
+}
+
+/// One instance of the group: its own member of the in-memory Kafka (consumer and
+/// producer), its own transaction log, and the running engine (none: not started, or
+/// gone after a kill, a crash or a stop).
+struct Slot<P> {
+    kafka: FakeKafka,
+    instance_id: String,
+    txlog: Option<Arc<TxLog>>,
+    instance: Option<Instance<P>>,
+}
+
+impl<P> Slot<P> {
+    fn new(kafka: FakeKafka, instance_id: String) -> Self {
+        Slot {
+            kafka,
+            instance_id,
+            txlog: None,
+            instance: None,
+        }
+    }
 }
 
 impl<P: Processor> std::fmt::Debug for TestDriver<P> {
@@ -218,6 +239,7 @@ impl<P: Processor> TestDriver<P> {
         drop(sample);
         let kafka = FakeKafka::default();
         kafka.use_clock(config.clock.clone());
+        let slots = vec![Slot::new(kafka.clone(), config.instance_id.clone())];
         TestDriver {
             make: Box::new(make),
             config,
@@ -226,8 +248,7 @@ impl<P: Processor> TestDriver<P> {
             now,
             plan: Arc::default(),
             dir,
-            txlog: None,
-            instance: None,
+            slots,
             merged: false,
             crashes: Vec::new(),
         }
@@ -238,7 +259,7 @@ impl<P: Processor> TestDriver<P> {
     /// state directory and clock are the driver's.
     pub fn configure(mut self, change: impl FnOnce(EngineConfig) -> EngineConfig) -> Self {
         assert!(
-            self.instance.is_none() && !self.merged,
+            self.slots.iter().all(|slot| slot.instance.is_none()) && !self.merged,
             "TestDriver::configure comes before the first process()"
         );
         let clock = self.config.clock.clone();
@@ -246,7 +267,33 @@ impl<P: Processor> TestDriver<P> {
         self.config = change(self.config);
         self.config.clock = clock;
         self.config.state_dir = state_dir;
+        self.slots[0].instance_id = self.config.instance_id.clone();
         self
+    }
+
+    /// The group has `count` instances (default 1), each with its own member of the
+    /// group, producer and state directory: the first is the configuration's instance
+    /// ID, the others `<it>-1`, `<it>-2`, …. They share the input's partitions as an
+    /// eager rebalance does, and every start, stop, kill or lost session moves them.
+    /// With more than one, the coordinator aborts a transaction left open longer than
+    /// the transaction timeout (a killed instance's), as Kafka's does.
+    pub fn instances(mut self, count: usize) -> Self {
+        let count = count.max(1);
+        while self.slots.len() < count {
+            let n = self.slots.len();
+            let id = format!("{}-{n}", self.config.instance_id);
+            self.slots.push(Slot::new(self.kafka.member(n), id));
+        }
+        if count > 1 {
+            self.kafka
+                .abort_transactions_after(self.config.transaction_timeout);
+        }
+        self
+    }
+
+    /// How many instances the group has.
+    pub fn instance_count(&self) -> usize {
+        self.slots.len()
     }
 
     /// The input topic has `partitions` partitions (default 1).
@@ -333,23 +380,43 @@ impl<P: Processor> TestDriver<P> {
     /// `Err` when the engine stopped (`on_error = stop` on a failing record, a fatal
     /// error injected with [`TestDriver::fail`]); the next call starts it again.
     pub async fn process(&mut self) -> Result<()> {
-        if !self.merged {
-            let sample = (self.make)();
-            crate::engine::merge_declarations(&mut self.config, &sample)?;
-            if let Some(problem) = self.config.problems().into_iter().next() {
-                return Err(problem);
-            }
-            self.merged = true;
+        if self.slots.len() == 1 {
+            return self.process_instance(0).await;
         }
+        // Every instance in turn until a round in which the group stayed as it was:
+        // each one's last poll then found nothing (no record, no rebalance).
+        let mut first_error = None;
+        for _ in 0..MAX_ROUNDS {
+            let generation = self.kafka.generation();
+            for index in 0..self.slots.len() {
+                if let Err(error) = self.process_instance(index).await {
+                    first_error.get_or_insert(error);
+                }
+            }
+            if self.kafka.generation() == generation {
+                break;
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Runs instance `index` (0 is the first) until a poll of its finds nothing,
+    /// starting it if it is not running; the others do nothing meanwhile. See
+    /// [`TestDriver::process`]; an instance that stopped with an error has left the
+    /// group, and its next run starts it again.
+    pub async fn process_instance(&mut self, index: usize) -> Result<()> {
+        self.merge()?;
         loop {
-            let txlog = self.open_txlog()?;
-            let mut instance = match self.instance.take() {
+            let txlog = self.open_txlog(index)?;
+            let config = self.instance_config(index);
+            let slot = &mut self.slots[index];
+            let mut instance = match slot.instance.take() {
                 Some(instance) => instance,
-                None => Instance::start(&self.config, &self.kafka, (self.make)()).await?,
+                None => Instance::start(&config, &slot.kafka, (self.make)()).await?,
             };
             let outcome = drive::run(
-                &self.config,
-                &self.kafka,
+                &config,
+                &slot.kafka,
                 &txlog,
                 &self.stats,
                 &self.plan,
@@ -358,22 +425,45 @@ impl<P: Processor> TestDriver<P> {
             .await;
             match outcome {
                 Outcome::Done => {
-                    self.instance = Some(instance);
+                    slot.instance = Some(instance);
                     return Ok(());
                 }
                 Outcome::Crashed(point) => {
                     tracing::info!(
                         point,
+                        instance = %config.instance_id,
                         "the engine crashed (as the test asked); starting it again"
                     );
                     self.crashes.extend(CrashPoint::from_name(point));
                     drop(instance);
                     drop(txlog);
-                    self.kill_txlog()?;
+                    self.kill_txlog(index)?;
                 }
-                Outcome::Stopped(error) => return Err(error),
+                Outcome::Stopped(error) => {
+                    slot.kafka.leave();
+                    return Err(error);
+                }
             }
         }
+    }
+
+    fn merge(&mut self) -> Result<()> {
+        if !self.merged {
+            let sample = (self.make)();
+            crate::engine::merge_declarations(&mut self.config, &sample)?;
+            if let Some(problem) = self.config.problems().into_iter().next() {
+                return Err(problem);
+            }
+            self.merged = true;
+        }
+        Ok(())
+    }
+
+    /// The configuration instance `index` runs with: its own instance ID.
+    fn instance_config(&self, index: usize) -> EngineConfig {
+        let mut config = self.config.clone();
+        config.instance_id = self.slots[index].instance_id.clone();
+        config
     }
 
     /// Crashes the engine the `nth` time (1: the next) it passes `point`, from now on.
@@ -391,16 +481,36 @@ impl<P: Processor> TestDriver<P> {
     /// rewound and done again; [`ErrorClass::Fatal`] stops the instance
     /// ([`TestDriver::process`] returns it).
     pub fn fail(&mut self, call: KafkaCall, nth: u32, class: ErrorClass) {
-        self.kafka
+        self.fail_instance(0, call, nth, class);
+    }
+
+    /// [`TestDriver::fail`] for the calls of instance `index` only.
+    pub fn fail_instance(&mut self, index: usize, call: KafkaCall, nth: u32, class: ErrorClass) {
+        self.slots[index]
+            .kafka
             .fail(call.kind(), None, nth.max(1), injected(class));
     }
 
     /// Stops the instance cleanly and reopens its transaction log; the next
     /// [`TestDriver::process`] starts a new instance (nothing to replay).
     pub fn restart(&mut self) -> Result<()> {
-        self.instance = None;
-        self.txlog = None;
-        self.open_txlog().map(drop)
+        self.restart_instance(0)
+    }
+
+    /// [`TestDriver::restart`] for instance `index`: it leaves the group (the others
+    /// share its partitions at their next poll) until it is run again.
+    pub fn restart_instance(&mut self, index: usize) -> Result<()> {
+        self.stop(index);
+        self.slots[index].txlog = None;
+        self.open_txlog(index).map(drop)
+    }
+
+    /// The instance's process is gone: its member leaves the group.
+    fn stop(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        if slot.instance.take().is_some() {
+            slot.kafka.leave();
+        }
     }
 
     /// Kills the instance, as SIGKILL or a power cut would, between two batches: no
@@ -410,18 +520,30 @@ impl<P: Processor> TestDriver<P> {
     /// instance, which replays the changelog from the older checkpoints; until then
     /// [`TestDriver::state`] reads the log as it came back.
     pub fn kill(&mut self) -> Result<()> {
-        self.instance = None;
-        self.kill_txlog()?;
-        self.open_txlog().map(drop)
+        self.kill_instance(0)
+    }
+
+    /// [`TestDriver::kill`] for instance `index`: what its transaction left open stays
+    /// open (readers of its partitions wait) until its next start or the transaction
+    /// timeout.
+    pub fn kill_instance(&mut self, index: usize) -> Result<()> {
+        self.stop(index);
+        self.kill_txlog(index)?;
+        self.open_txlog(index).map(drop)
     }
 
     /// Stops the instance and deletes its transaction log, as on a new machine: the
     /// next start rebuilds dedup entries and state from the changelog (until then
     /// [`TestDriver::state`] reads the empty new log).
     pub fn lose_local_state(&mut self) -> Result<()> {
-        self.instance = None;
-        self.txlog = None;
-        let dir = self.instance_dir();
+        self.lose_local_state_of(0)
+    }
+
+    /// [`TestDriver::lose_local_state`] for instance `index`.
+    pub fn lose_local_state_of(&mut self, index: usize) -> Result<()> {
+        self.stop(index);
+        self.slots[index].txlog = None;
+        let dir = self.instance_dir(index);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|e| {
                 Error::Broker(format!(
@@ -430,7 +552,7 @@ impl<P: Processor> TestDriver<P> {
                 ))
             })?;
         }
-        self.open_txlog().map(drop)
+        self.open_txlog(index).map(drop)
     }
 
     /// The instance's session with the group expires, as when its process is frozen
@@ -439,7 +561,13 @@ impl<P: Processor> TestDriver<P> {
     /// its wall-clock timers as usual); the group refuses whatever it commits meanwhile
     /// (KIP-447). Then it hears of the loss, joins again and catches up.
     pub fn lose_session(&mut self, unaware_polls: u32) {
-        self.kafka.lose_session(unaware_polls);
+        self.lose_session_of(0, unaware_polls);
+    }
+
+    /// [`TestDriver::lose_session`] for instance `index`: the others share its
+    /// partitions at their next poll, while it goes on as a zombie.
+    pub fn lose_session_of(&mut self, index: usize, unaware_polls: u32) {
+        self.slots[index].kafka.lose_session(unaware_polls);
     }
 
     /// The instance stops and another, `instance_id`, takes every partition over, with
@@ -447,10 +575,11 @@ impl<P: Processor> TestDriver<P> {
     /// empty the first time, as that instance left it when it comes back (a pod whose
     /// volume returns after others owned its partitions).
     pub fn switch_instance(&mut self, instance_id: &str) -> Result<()> {
-        self.instance = None;
-        self.txlog = None;
+        self.stop(0);
+        self.slots[0].txlog = None;
         self.config.instance_id = instance_id.to_owned();
-        self.open_txlog().map(drop)
+        self.slots[0].instance_id = instance_id.to_owned();
+        self.open_txlog(0).map(drop)
     }
 
     /// Compacts the changelog as Kafka's log cleaner does once it has run over every
@@ -537,7 +666,7 @@ impl<P: Processor> TestDriver<P> {
 
     /// The state value of `key` on input partition `partition`, as committed.
     pub fn state<T: DeserializeOwned>(&self, partition: i32, key: &str) -> Result<Option<T>> {
-        let Some(txlog) = &self.txlog else {
+        let Some(txlog) = self.owner_txlog(partition) else {
             return Ok(None);
         };
         txlog
@@ -553,7 +682,7 @@ impl<P: Processor> TestDriver<P> {
 
     /// Whether `event_id` is in the committed dedup entries of `partition`.
     pub fn is_processed(&self, partition: i32, event_id: &str) -> Result<bool> {
-        match &self.txlog {
+        match self.owner_txlog(partition) {
             Some(txlog) => txlog.is_processed(partition, event_id),
             None => Ok(false),
         }
@@ -570,15 +699,40 @@ impl<P: Processor> TestDriver<P> {
         self.stats.snapshot()
     }
 
-    fn instance_dir(&self) -> PathBuf {
+    /// The transaction log of the instance that has input `partition`: a member of the
+    /// group before a zombie that still has it; the first instance's when none has it.
+    fn owner_txlog(&self, partition: i32) -> Option<&Arc<TxLog>> {
+        let has = |slot: &&Slot<P>| {
+            slot.instance.is_some() && slot.kafka.assignment().contains(&partition)
+        };
+        let owner = self
+            .slots
+            .iter()
+            .filter(has)
+            .find(|slot| slot.kafka.in_group())
+            .or_else(|| self.slots.iter().find(has))
+            .unwrap_or(&self.slots[0]);
+        owner.txlog.as_ref()
+    }
+
+    /// The partitions of the input instance `index` has (none when it is not running).
+    pub fn assignment_of(&self, index: usize) -> Vec<i32> {
+        let slot = &self.slots[index];
+        if slot.instance.is_none() {
+            return Vec::new();
+        }
+        slot.kafka.assignment()
+    }
+
+    fn instance_dir(&self, index: usize) -> PathBuf {
         // Inside the driver's temporary directory (`dir`), removed with the driver.
         debug_assert!(self.config.state_dir.starts_with(self.dir.path()));
-        self.config.instance_dir()
+        self.instance_config(index).instance_dir()
     }
 
     /// Closes the transaction log as a killed process leaves it (nothing else may hold it).
-    fn kill_txlog(&mut self) -> Result<()> {
-        let Some(txlog) = self.txlog.take() else {
+    fn kill_txlog(&mut self, index: usize) -> Result<()> {
+        let Some(txlog) = self.slots[index].txlog.take() else {
             return Ok(());
         };
         let txlog = Arc::try_unwrap(txlog).unwrap_or_else(|_| {
@@ -587,18 +741,21 @@ impl<P: Processor> TestDriver<P> {
         txlog.kill()
     }
 
-    fn open_txlog(&mut self) -> Result<Arc<TxLog>> {
-        if let Some(txlog) = &self.txlog {
+    fn open_txlog(&mut self, index: usize) -> Result<Arc<TxLog>> {
+        if let Some(txlog) = &self.slots[index].txlog {
             return Ok(Arc::clone(txlog));
         }
         let (txlog, _) =
-            TxLog::open_with_cache(&self.instance_dir(), self.config.txlog_cache_size)?;
+            TxLog::open_with_cache(&self.instance_dir(index), self.config.txlog_cache_size)?;
         txlog.use_clock(self.config.clock.clone());
         let txlog = Arc::new(txlog);
-        self.txlog = Some(Arc::clone(&txlog));
+        self.slots[index].txlog = Some(Arc::clone(&txlog));
         Ok(txlog)
     }
 }
+
+/// How many rounds [`TestDriver::process`] gives a group of several instances to settle.
+const MAX_ROUNDS: usize = 50;
 
 #[cfg(test)]
 mod tests {
@@ -757,7 +914,7 @@ mod tests {
         driver.process().await.expect("a builds the total");
         driver.restart().expect("a stops");
         let volume = tempfile::tempdir().expect("a's volume");
-        copy_dir(&driver.instance_dir(), volume.path());
+        copy_dir(&driver.instance_dir(0), volume.path());
 
         // b, on a new machine, deletes the total and goes on.
         driver.lose_local_state().expect("b starts afresh");
@@ -780,9 +937,9 @@ mod tests {
         driver.kafka.compact(&changelog);
 
         // a comes back on its own volume.
-        driver.txlog = None;
-        std::fs::remove_dir_all(driver.instance_dir()).expect("remove b's log");
-        copy_dir(volume.path(), &driver.instance_dir());
+        driver.slots[0].txlog = None;
+        std::fs::remove_dir_all(driver.instance_dir(0)).expect("remove b's log");
+        copy_dir(volume.path(), &driver.instance_dir(0));
         driver.pipe(&entry("a-2", Some(1))).expect("pipe");
         driver.process().await.expect("a again");
         let totals: Vec<i64> = driver.output_values("totals").expect("totals");

@@ -136,6 +136,20 @@ pub(crate) fn cancel(store: &mut dyn StateStore, partition: i32, key: &str) -> R
     Ok(true)
 }
 
+/// Removes `timer`, which fires: its due entry, and its key's entry if that names this
+/// one. Not by its key alone: a due entry whose key entry is gone (a changelog written
+/// outside a transaction, of which only a part landed before the instance stopped)
+/// would stay, and fire again and again.
+pub(crate) fn remove_fired(store: &mut dyn StateStore, timer: &Timer) -> Result<()> {
+    let entry = due_entry(timer.clock, timer.due_ms, &timer.key);
+    let index = by_key(&timer.key);
+    if store.get(timer.partition, &index)?.as_deref() == Some(entry.as_slice()) {
+        store.delete(timer.partition, index);
+    }
+    store.delete(timer.partition, entry);
+    Ok(())
+}
+
 /// When timer `key` of `partition` is due, and by which clock, if it is scheduled.
 pub(crate) fn scheduled(
     store: &dyn StateStore,
@@ -164,6 +178,45 @@ pub(crate) fn event_time(store: &dyn StateStore, partition: i32) -> Result<Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A partition's state as a map.
+    #[derive(Default)]
+    struct Map(std::collections::BTreeMap<Vec<u8>, Vec<u8>>);
+
+    impl StateStore for Map {
+        fn get(&self, _partition: i32, key: &[u8]) -> Result<Option<Vec<u8>>> {
+            Ok(self.0.get(key).cloned())
+        }
+        fn put(&mut self, _partition: i32, key: Vec<u8>, value: Vec<u8>) {
+            self.0.insert(key, value);
+        }
+        fn delete(&mut self, _partition: i32, key: Vec<u8>) {
+            self.0.remove(&key);
+        }
+    }
+
+    /// Seen in the group simulation: an at-most-once changelog of which only the key
+    /// entry's deletion landed left a due entry alone; removing a fired timer by its key
+    /// missed it, and it fired 10,000 times per pass.
+    #[test]
+    fn a_fired_timer_goes_even_without_its_key_entry_and_spares_a_newer_one() {
+        let mut store = Map::default();
+        schedule(&mut store, 0, "r", TimerClock::WallClock, 5).expect("schedule");
+        let fired = parse_due_entry(&due_entry(TimerClock::WallClock, 5, "r"), 0).expect("due");
+        store.delete(0, by_key("r"));
+        remove_fired(&mut store, &fired).expect("remove");
+        assert!(store.0.is_empty(), "left: {:?}", store.0.keys());
+
+        // An orphan due entry fires; the key's newer timer stays.
+        schedule(&mut store, 0, "r", TimerClock::WallClock, 9).expect("schedule");
+        store.put(0, due_entry(TimerClock::WallClock, 5, "r"), Vec::new());
+        remove_fired(&mut store, &fired).expect("remove");
+        assert_eq!(
+            scheduled(&store, 0, "r").expect("read"),
+            Some((TimerClock::WallClock, 9))
+        );
+        assert_eq!(store.0.len(), 2, "the newer timer's two entries");
+    }
 
     #[test]
     fn due_entries_sort_by_time_negatives_included_and_parse_back() {

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use onceflow::testing::{CrashPoint, TestDriver};
-use onceflow::{Context, Processor, Result};
+use onceflow::testing::{CrashPoint, KafkaCall, TestDriver};
+use onceflow::{Context, ErrorClass, Processor, Result};
 use onceflow_e2e::buckets::{Buckets, Closed, OUT, Tick, assert_buckets, at, tick, ticks};
 
 /// Pipes the ticks of `ticks(10_000)`, copies included.
@@ -256,4 +256,34 @@ async fn a_zombie_that_lost_its_session_cannot_commit_the_wall_clock_timers_it_f
         1,
         "the reminder fires once, once it rejoined"
     );
+}
+
+/// At most once commits a batch's offsets before it processes its records, so a record
+/// is never done twice; but a timer is state. Before the fix a timer's outputs were sent
+/// while it fired, before its removal was recorded: a failed changelog send after them
+/// (the simulation's seed: an abortable error) made the batch go again, and its timer
+/// fire again: the reminder twice. Its outputs now go out only once its removal landed
+/// and was applied. Each of the timer batch's sends fails in turn.
+#[tokio::test(start_paused = true)]
+async fn at_most_once_never_fires_a_wall_clock_timer_twice_when_its_batch_fails() {
+    for nth in 1..=4 {
+        let mut driver = TestDriver::new(Buckets::default())
+            .configure(|c| c.delivery(onceflow::DeliveryMode::AtMostOnce));
+        let mut remind = tick(0, "a", 1);
+        remind.remind_in_ms = Some(60_000);
+        driver.pipe_record(at(&remind, 1));
+        driver.process().await.expect("process");
+        driver.advance_time(Duration::from_secs(61));
+        driver.fail(KafkaCall::Send, nth, ErrorClass::Abortable);
+        driver.process().await.expect("the timers' run");
+        driver.process().await.expect("again");
+        let reminders = closed(&driver)
+            .into_iter()
+            .filter(|c| c.bucket == -1)
+            .count();
+        assert!(
+            reminders <= 1,
+            "send {nth} of the timers' batch failed: the reminder came {reminders} times"
+        );
+    }
 }

@@ -25,10 +25,53 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use onceflow::testing::{CrashPoint, KafkaCall, OutgoingRecord, TestDriver};
-use onceflow::{DeliveryMode, ErrorClass};
+use onceflow::{Context, DeliveryMode, ErrorClass, Processor, Timer, TimerClock};
 use onceflow_e2e::sum::{Amount, Sum, Summed};
 
 const OUT: &str = "sums";
+const REMINDERS: &str = "reminders";
+/// How long after an event its reminder is due (of the driver's wall clock).
+const REMIND_AFTER_MS: i64 = 5_000;
+
+/// The workload: the running sum per key (`Sum`'s), and for each event of amount 3 or 7
+/// a wall-clock reminder that emits its ID to `reminders` once due.
+#[derive(Debug, Clone)]
+struct Remindful(Sum);
+
+fn wants_reminder(event: &Amount) -> bool {
+    matches!(event.amount, 3 | 7)
+}
+
+#[onceflow::async_trait]
+impl Processor for Remindful {
+    type Input = Amount;
+
+    fn name(&self) -> &str {
+        "sum"
+    }
+
+    fn output_topics(&self) -> &[&str] {
+        &[OUT, REMINDERS]
+    }
+
+    fn uses_timers(&self) -> bool {
+        true
+    }
+
+    async fn process(&mut self, input: Amount, ctx: &mut Context<'_>) -> onceflow::Result<()> {
+        if wants_reminder(&input) {
+            let id = input.id.clone().unwrap_or_default();
+            let due = ctx.now_ms() + REMIND_AFTER_MS;
+            ctx.schedule(&format!("remind/{id}"), TimerClock::WallClock, due)?;
+        }
+        self.0.process(input, ctx).await
+    }
+
+    async fn on_timer(&mut self, timer: Timer, ctx: &mut Context<'_>) -> onceflow::Result<()> {
+        let id = timer.key.strip_prefix("remind/").unwrap_or(&timer.key);
+        ctx.emit(REMINDERS, id, &id)
+    }
+}
 
 /// Schedules per test function (four of them run side by side).
 #[cfg(not(feature = "soak"))]
@@ -40,6 +83,8 @@ const SCHEDULES: u64 = 25_000;
 #[derive(Debug)]
 struct Schedule {
     delivery: DeliveryMode,
+    /// Instances of the group (one: the single-instance faults too).
+    instances: usize,
     partitions: i32,
     batch: usize,
     keys: usize,
@@ -52,23 +97,32 @@ enum Step {
     /// Pipe the next events (each now and then with a copy at once, or a copy of an
     /// earlier one).
     Pipe(usize),
-    /// Process what is there.
+    /// Process what is there (every instance, until the group settles).
     Process,
+    /// One instance processes what it has, the others do nothing meanwhile.
+    ProcessInstance(usize),
+    /// The wall clock moves on (reminders come due).
+    AdvanceTime(i64),
     Fault(Fault),
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Fault {
-    Fail(KafkaCall, u32, ErrorClass),
+    /// Instance `.0`'s nth call of a kind fails.
+    Fail(usize, KafkaCall, u32, ErrorClass),
+    /// Whichever instance passes the point the nth time crashes there.
     Crash(CrashPoint, u32),
-    Kill,
-    LoseLocalState,
-    Zombie(u32),
+    Kill(usize),
+    LoseLocalState(usize),
+    /// Instance `.0` loses its session and goes on as a zombie for `.1` polls, while the
+    /// others take its partitions.
+    Zombie(usize, u32),
+    /// (One instance only.)
     SwitchInstance(usize),
     CompactAfterADayAndAHalf,
     MisplaceStart(i32, i64),
     RebalanceWhileHeld(i32),
-    Restart,
+    Restart(usize),
 }
 
 const CALLS: [KafkaCall; 6] = [
@@ -93,6 +147,7 @@ fn draw_schedule(rng: &mut fastrand::Rng) -> (Schedule, Vec<Step>) {
     };
     let schedule = Schedule {
         delivery,
+        instances: if rng.bool() { 1 } else { rng.usize(2..=3) },
         partitions: rng.i32(1..=3),
         batch: rng.usize(1..=40),
         keys: rng.usize(1..=6),
@@ -105,17 +160,29 @@ fn draw_schedule(rng: &mut fastrand::Rng) -> (Schedule, Vec<Step>) {
         steps.push(Step::Pipe(n));
         left -= n;
         for _ in 0..rng.usize(0..=2) {
-            steps.push(Step::Fault(draw_fault(rng, schedule.partitions)));
+            steps.push(Step::Fault(draw_fault(rng, &schedule)));
         }
-        steps.push(Step::Process);
+        if rng.u8(0..3) == 0 {
+            steps.push(Step::AdvanceTime(rng.i64(1_000..=8_000)));
+        }
+        if schedule.instances > 1 && rng.bool() {
+            for _ in 0..rng.usize(1..=3) {
+                steps.push(Step::ProcessInstance(rng.usize(0..schedule.instances)));
+            }
+        } else {
+            steps.push(Step::Process);
+        }
     }
     (schedule, steps)
 }
 
-fn draw_fault(rng: &mut fastrand::Rng, partitions: i32) -> Fault {
+fn draw_fault(rng: &mut fastrand::Rng, schedule: &Schedule) -> Fault {
+    let partitions = schedule.partitions;
+    let instance = rng.usize(0..schedule.instances);
     match rng.u8(0..22) {
         20..22 => Fault::RebalanceWhileHeld(rng.i32(0..partitions)),
         0..7 => Fault::Fail(
+            instance,
             CALLS[rng.usize(0..CALLS.len())],
             rng.u32(1..=6),
             CLASSES[rng.usize(0..CLASSES.len())],
@@ -124,13 +191,14 @@ fn draw_fault(rng: &mut fastrand::Rng, partitions: i32) -> Fault {
             CrashPoint::ALL[rng.usize(0..CrashPoint::ALL.len())],
             rng.u32(1..=4),
         ),
-        11 => Fault::Kill,
-        12 => Fault::LoseLocalState,
-        13..15 => Fault::Zombie(rng.u32(0..=2)),
-        15..17 => Fault::SwitchInstance(rng.usize(0..3)),
+        11 => Fault::Kill(instance),
+        12 => Fault::LoseLocalState(instance),
+        13..15 => Fault::Zombie(instance, rng.u32(0..=2)),
+        15..17 if schedule.instances == 1 => Fault::SwitchInstance(rng.usize(0..3)),
+        15..17 => Fault::Kill(instance),
         17 => Fault::CompactAfterADayAndAHalf,
         18 => Fault::MisplaceStart(rng.i32(0..partitions), rng.i64(1..=3)),
-        _ => Fault::Restart,
+        _ => Fault::Restart(instance),
     }
 }
 
@@ -160,10 +228,11 @@ fn keyed(event: &Amount) -> OutgoingRecord {
 async fn run(seed: u64) -> Result<(), String> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let (schedule, steps) = draw_schedule(&mut rng);
-    let mut driver = TestDriver::new(Sum::new(OUT))
+    let mut driver = TestDriver::new(Remindful(Sum::new(OUT)))
         .configure(|config| {
             let mut config = config
                 .output(OUT)
+                .output(REMINDERS)
                 .delivery(schedule.delivery)
                 .batching(Duration::from_millis(100), schedule.batch);
             // Every copy, however late, stays inside the dedup window.
@@ -171,7 +240,8 @@ async fn run(seed: u64) -> Result<(), String> {
             config
         })
         .input_partitions(schedule.partitions)
-        .topic_partitions(OUT, schedule.partitions);
+        .topic_partitions(OUT, schedule.partitions)
+        .instances(schedule.instances);
     let mut events: Vec<Amount> = Vec::new();
     // How many input records each event has (copies included).
     let mut records: Vec<usize> = Vec::new();
@@ -216,13 +286,19 @@ async fn run(seed: u64) -> Result<(), String> {
                 // A stopped instance (a fatal error) starts again at the next call.
                 let _ = driver.process().await;
             }
+            Step::ProcessInstance(index) => {
+                let _ = driver.process_instance(index).await;
+            }
+            Step::AdvanceTime(ms) => driver.advance_time(Duration::from_millis(ms as u64)),
             Step::Fault(fault) => apply(&mut driver, fault)?,
         }
     }
-    // Settle: faults still armed fire or not; the instance runs until every input
-    // record is committed.
+    // Settle: every reminder comes due; faults still armed fire or not; the group runs
+    // until every input record is committed.
     let mut settled = false;
     for round in 0..30 {
+        // Reminders of events processed in the last round come due.
+        driver.advance_time(Duration::from_millis(REMIND_AFTER_MS as u64 + 1));
         let outcome = driver.process().await;
         if outcome.is_ok()
             && ends
@@ -256,6 +332,12 @@ async fn run(seed: u64) -> Result<(), String> {
             }
         }
     }
+    // The reminders of the last round's events come due and fire (a failed timer
+    // transaction fires them again at the next run: each injected fault fires once).
+    for _ in 0..3 {
+        driver.advance_time(Duration::from_millis(REMIND_AFTER_MS as u64 + 1));
+        let _ = driver.process().await;
+    }
     if !settled {
         return Err(format!(
             "the input was not committed to its end after 30 runs: committed {:?}, ends {ends:?}",
@@ -264,19 +346,34 @@ async fn run(seed: u64) -> Result<(), String> {
                 .collect::<Vec<_>>()
         ));
     }
+    if std::env::var_os("SIM_DUMP").is_some() {
+        // The changelog, to see who wrote what when a seed fails.
+        for record in driver.output(driver.config().changelog_topic()) {
+            let text = |bytes: Option<&[u8]>| {
+                bytes.map_or("-".into(), |b| String::from_utf8_lossy(b).into_owned())
+            };
+            println!(
+                "changelog {}@{} {} = {}",
+                record.partition,
+                record.offset,
+                text(record.key.as_deref()),
+                text(record.value.as_deref())
+            );
+        }
+    }
     check(&driver, &schedule, &events, &landed, &records)
 }
 
-fn apply(driver: &mut TestDriver<Sum>, fault: Fault) -> Result<(), String> {
+fn apply(driver: &mut TestDriver<Remindful>, fault: Fault) -> Result<(), String> {
     let failed = |what: &str, e: onceflow::Error| format!("{what}: {e}");
     match fault {
-        Fault::Fail(call, nth, class) => driver.fail(call, nth, class),
+        Fault::Fail(index, call, nth, class) => driver.fail_instance(index, call, nth, class),
         Fault::Crash(point, nth) => driver.crash_at(point, nth),
-        Fault::Kill => driver.kill().map_err(|e| failed("kill", e))?,
-        Fault::LoseLocalState => driver
-            .lose_local_state()
+        Fault::Kill(index) => driver.kill_instance(index).map_err(|e| failed("kill", e))?,
+        Fault::LoseLocalState(index) => driver
+            .lose_local_state_of(index)
             .map_err(|e| failed("lose the local state", e))?,
-        Fault::Zombie(polls) => driver.lose_session(polls),
+        Fault::Zombie(index, polls) => driver.lose_session_of(index, polls),
         Fault::SwitchInstance(n) => driver
             .switch_instance(&format!("instance-{n}"))
             .map_err(|e| failed("switch instance", e))?,
@@ -289,14 +386,16 @@ fn apply(driver: &mut TestDriver<Sum>, fault: Fault) -> Result<(), String> {
             driver.restart().map_err(|e| failed("restart", e))?;
         }
         Fault::RebalanceWhileHeld(partition) => driver.rebalance_while_held(partition),
-        Fault::Restart => driver.restart().map_err(|e| failed("restart", e))?,
+        Fault::Restart(index) => driver
+            .restart_instance(index)
+            .map_err(|e| failed("restart", e))?,
     }
     Ok(())
 }
 
 /// The oracle.
 fn check(
-    driver: &TestDriver<Sum>,
+    driver: &TestDriver<Remindful>,
     schedule: &Schedule,
     events: &[Amount],
     landed: &[(i32, i64)],
@@ -316,6 +415,12 @@ fn check(
         let value: Amount = serde_json::from_slice(dead.value.as_deref().unwrap_or_default())
             .map_err(|e| format!("a dead letter's value: {e}"))?;
         *dead_count.entry(value.id.unwrap_or_default()).or_default() += 1;
+    }
+    let mut reminded: BTreeMap<String, usize> = BTreeMap::new();
+    for reminder in driver.output(REMINDERS) {
+        let id: String = serde_json::from_slice(reminder.value.as_deref().unwrap_or_default())
+            .map_err(|e| format!("a reminder's value: {e}"))?;
+        *reminded.entry(id).or_default() += 1;
     }
     let mode = schedule.delivery;
     let mut sums: BTreeMap<&str, i64> = BTreeMap::new();
@@ -354,6 +459,18 @@ fn check(
                 "{id} has {got} {wanted} from {records} input records ({mode:?})"
             ));
         }
+        let reminders = reminded.remove(id).unwrap_or(0);
+        let kept = match mode {
+            _ if !wants_reminder(event) => reminders == 0,
+            DeliveryMode::ExactlyOnce => reminders == 1,
+            DeliveryMode::AtLeastOnce => reminders >= 1,
+            _ => reminders <= *records,
+        };
+        if !kept {
+            return Err(format!(
+                "{id} has {reminders} reminders from {records} input records ({mode:?})"
+            ));
+        }
         if event.amount >= 0
             && mode != DeliveryMode::AtMostOnce
             && !driver
@@ -362,6 +479,9 @@ fn check(
         {
             return Err(format!("{id} has no dedup entry in partition {}", at.0));
         }
+    }
+    if let Some((id, count)) = reminded.into_iter().next() {
+        return Err(format!("{count} reminders of {id}, which is no event"));
     }
     for (key, sum) in &sums {
         let state: Vec<i64> = (0..schedule.partitions)
@@ -469,7 +589,7 @@ async fn one_seed() {
         .try_init();
     let mut rng = fastrand::Rng::with_seed(seed);
     let (schedule, steps) = draw_schedule(&mut rng);
-    println!("seed {seed}: {schedule:?}\n{steps:#?}");
+    println!("seed {seed}: {schedule:?}\n{steps:?}");
     if let Err(why) = run(seed).await {
         panic!("seed {seed}: {why}");
     }

@@ -238,26 +238,37 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         outputs: Vec<crate::processor::Output>,
         part: &mut Part<'_, K::Pending>,
     ) -> Result<()> {
+        if self.config.delivery == DeliveryMode::AtMostOnce {
+            part.deferred_outputs += outputs.len() as u64;
+            part.deferred.extend(outputs);
+            return Ok(());
+        }
         for output in outputs {
-            let headers: Vec<(&str, Option<&[u8]>)> = output
-                .headers
-                .iter()
-                .map(|(name, value)| (name.as_str(), value.as_deref()))
-                .collect();
-            part.outputs.push(
-                self.producer
-                    .send(Outgoing {
-                        topic: &output.topic,
-                        partition: output.partition,
-                        key: output.key.as_deref(),
-                        value: output.value.as_deref(),
-                        headers: &headers,
-                        timestamp_ms: output.timestamp_ms,
-                    })
-                    .await?,
-            );
+            part.outputs.push(self.send_output(&output).await?);
         }
         Ok(())
+    }
+
+    /// Sends one output (or dead letter) through the producer.
+    pub(super) async fn send_output(
+        &self,
+        output: &crate::processor::Output,
+    ) -> Result<K::Pending> {
+        let headers: Vec<(&str, Option<&[u8]>)> = output
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_deref()))
+            .collect();
+        self.producer
+            .send(Outgoing {
+                topic: &output.topic,
+                partition: output.partition,
+                key: output.key.as_deref(),
+                value: output.value.as_deref(),
+                headers: &headers,
+                timestamp_ms: output.timestamp_ms,
+            })
+            .await
     }
 
     /// Counts a record processed without an event ID; warns once per instance: a
@@ -297,6 +308,11 @@ pub(super) struct Part<'a, P> {
     pub(super) snapshot: Snapshot<'a>,
     pub(super) overlay: Overlay,
     pub(super) outputs: Vec<P>,
+    /// At most once: the outputs and dead letters, sent only once the part's changelog
+    /// landed and it was applied (see `commit`).
+    pub(super) deferred: Vec<crate::processor::Output>,
+    /// Of `deferred`, the processor's outputs (the rest are dead letters).
+    pub(super) deferred_outputs: u64,
     pub(super) duplicates: u64,
     /// Records processed without an event ID.
     pub(super) without_id: u64,
@@ -327,10 +343,13 @@ impl<'a, P> Part<'a, P> {
             snapshot: txlog.snapshot()?,
             overlay: Overlay::new(),
             outputs: Vec::new(),
+            deferred: Vec::new(),
+            deferred_outputs: 0,
             duplicates: 0,
             without_id: 0,
             failed: Failures {
                 pending: Vec::new(),
+                deferred: Vec::new(),
                 dead_lettered: 0,
                 skipped: 0,
             },

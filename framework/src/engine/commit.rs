@@ -64,7 +64,9 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         } else {
             next_offsets(records)
         };
-        let outputs = part.outputs.len() as u64;
+        let outputs = part.outputs.len() as u64 + part.deferred_outputs;
+        let mut deferred = std::mem::take(&mut part.deferred);
+        deferred.append(&mut part.failed.deferred);
         let mut pending_outputs = std::mem::take(&mut part.outputs);
         pending_outputs.append(&mut part.failed.pending);
         let mut overlay = std::mem::take(&mut part.overlay);
@@ -90,6 +92,29 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             self.producer.flush().await?;
             for pending in pending_outputs.drain(..) {
                 pending.landed().await?;
+            }
+            // Nothing fences at least once's changelog: an instance that lost its
+            // session without knowing yet (a zombie) would write the state of records
+            // its successor already did over the successor's newer state, and the next
+            // replay would end at the older one: the successor's changes lost, or the
+            // replay behind the committed offsets (found by the group simulation of
+            // issue 40). So the group checks the batch's generation first: a commit of
+            // the offsets it has committed, which moves nothing, is refused from a
+            // member of an older generation. Not checked: a partition the group has
+            // never committed an offset of, and the time between this commit and the
+            // changelog's landing; exactly once leaves no such window.
+            let standing = if records.is_empty() {
+                next_offsets.clone()
+            } else {
+                let partitions = first_offsets(records).into_iter().map(|(p, _)| p);
+                let committed = self.consumer.committed(partitions.collect()).await?;
+                committed
+                    .into_iter()
+                    .filter_map(|(partition, offset)| offset.map(|offset| (partition, offset)))
+                    .collect()
+            };
+            if !standing.is_empty() {
+                self.consumer.commit(standing).await?;
             }
         }
         let mut pending_changelog: Vec<(i32, K::Pending)> = Vec::new();
@@ -232,6 +257,16 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         stages.record("apply", apply);
 
         self.stats.committed();
+        // At most once sends its outputs and dead letters only now: the part's changelog
+        // landed and it was applied, so nothing that produced them (a timer's firing,
+        // above all: at most once has committed the offsets of records before it
+        // processed them, but a timer is state) can happen again after a crash or in
+        // another instance. A crash before they land loses them, which at most once
+        // allows. (Found by the group simulation of issue 40: a timer's reminder twice
+        // after a crash between its sent output and its recorded removal.)
+        if !deferred.is_empty() {
+            self.send_deferred(deferred).await?;
+        }
         metrics::histogram!("onceflow_batch_records").record(records.len() as f64);
         tracing::debug!(
             records = records.len(),
@@ -246,6 +281,19 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             total_commit_ms = stages.commit_started.elapsed().as_secs_f64() * 1e3,
             "batch committed"
         );
+        Ok(())
+    }
+
+    /// Sends at most once's outputs and dead letters, and waits until they landed.
+    async fn send_deferred(&self, deferred: Vec<crate::processor::Output>) -> Result<()> {
+        let mut pending = Vec::with_capacity(deferred.len());
+        for output in &deferred {
+            pending.push(self.send_output(output).await?);
+        }
+        self.producer.flush().await?;
+        for landing in pending {
+            landing.landed().await?;
+        }
         Ok(())
     }
 
@@ -344,7 +392,8 @@ impl Stages {
     }
 }
 
-/// The offset of the first record of each partition (for the batch's debug event).
+/// The offset of the first record of each partition: where the batch began (for its
+/// debug event, and at least once's generation check).
 fn first_offsets(records: &[kafka::Record]) -> Vec<(i32, i64)> {
     let mut first = BTreeMap::new();
     for record in records {

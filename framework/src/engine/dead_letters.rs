@@ -80,6 +80,8 @@ impl std::fmt::Display for FailureClass {
 /// Records of this batch that could not be processed.
 pub(super) struct Failures<P> {
     pub(super) pending: Vec<P>,
+    /// At most once: the dead letters, sent once the part is applied.
+    pub(super) deferred: Vec<crate::processor::Output>,
     pub(super) dead_lettered: u64,
     pub(super) skipped: u64,
 }
@@ -161,18 +163,33 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                         "dead letter over the topic's size limit: its value is left out"
                     );
                 }
-                let pending = self
-                    .producer
-                    .send(Outgoing {
-                        topic: &topic,
+                if self.config.delivery == crate::DeliveryMode::AtMostOnce {
+                    // Sent after the part is applied, as its outputs are (see `commit`).
+                    failed.deferred.push(crate::processor::Output {
+                        topic: topic.clone(),
                         partition: None,
-                        key: record.key.as_deref(),
-                        value,
-                        headers: &headers,
+                        key: record.key.clone(),
+                        value: value.map(<[u8]>::to_vec),
+                        headers: headers
+                            .iter()
+                            .map(|(name, value)| ((*name).to_owned(), value.map(<[u8]>::to_vec)))
+                            .collect(),
                         timestamp_ms: None,
-                    })
-                    .await?;
-                failed.pending.push(pending);
+                    });
+                } else {
+                    let pending = self
+                        .producer
+                        .send(Outgoing {
+                            topic: &topic,
+                            partition: None,
+                            key: record.key.as_deref(),
+                            value,
+                            headers: &headers,
+                            timestamp_ms: None,
+                        })
+                        .await?;
+                    failed.pending.push(pending);
+                }
                 failed.dead_lettered += 1;
                 if failed.dead_lettered <= 10 || failed.dead_lettered.is_power_of_two() {
                     tracing::warn!(%error, %class, topic, partition = record.partition, offset = record.offset, dead_lettered = failed.dead_lettered, "record dead-lettered");

@@ -132,8 +132,11 @@ pub(crate) async fn run<P: Processor>(
         owned,
         kept,
     } = instance;
-    let serving = plan.scope(serve::serve(
-        &parts, &resync, &idle, processor, producer, owned,
+    // Which instance said what, when a driver runs several.
+    let span = tracing::info_span!("instance", id = %config.instance_id);
+    let serving = plan.scope(tracing::Instrument::instrument(
+        serve::serve(&parts, &resync, &idle, processor, producer, owned),
+        span,
     ));
     let outcome = tokio::select! {
         biased;

@@ -138,16 +138,56 @@ struct Fault {
     applied: bool,
 }
 
+/// The cluster: topics, the group's committed offsets and generation, and its clients.
+/// `client` is the client state of the member whose handle holds the lock (see
+/// [`FakeKafka::inner`]); the other members' wait in `parked`.
 #[derive(Default)]
 struct Inner {
     calls: Vec<Call>,
-    faults: Vec<Fault>,
     next_offset: BTreeMap<(String, i32), i64>,
-    in_transaction: bool,
-    open: Vec<Stored>,
-    open_offsets: Vec<(i32, i64)>,
     committed: Vec<Stored>,
     committed_offsets: BTreeMap<i32, i64>,
+    /// The topic the consumers poll (none: polls return only rebalances).
+    input: Option<String>,
+    /// Partitions per topic (a topic not named here has one).
+    partitions: BTreeMap<String, i32>,
+    /// The next partition of a record without a key, per topic.
+    round_robin: BTreeMap<String, i32>,
+    /// Calls are not recorded (a driver's long runs).
+    quiet: bool,
+    /// The group's generation: it moves on whenever a member joins or leaves (its
+    /// session expired), and the group refuses the offsets a member of an older one
+    /// sends to a transaction (KIP-447's generation check).
+    generation: u32,
+    /// The members in the group now (a zombie is not).
+    group: std::collections::BTreeSet<usize>,
+    /// The input's partitions, which the group's members share.
+    group_partitions: i32,
+    /// The coordinator aborts a transaction open longer than this (none: never).
+    transaction_timeout: Option<Duration>,
+    /// The time of records sent without one (the driver's clock), if set.
+    clock: Option<crate::clock::Clock>,
+    /// The changelog's `delete.retention.ms` (none: Kafka's default).
+    tombstones_kept: Option<Duration>,
+    /// The member whose state is in `client`.
+    active: usize,
+    client: Client,
+    /// The other members' state.
+    parked: BTreeMap<usize, Client>,
+}
+
+/// What one member (a process: its consumer and its transactional producer) has.
+#[derive(Default)]
+struct Client {
+    faults: Vec<Fault>,
+    in_transaction: bool,
+    /// When the open transaction began (tokio time).
+    began: Option<tokio::time::Instant>,
+    /// The coordinator aborted the open transaction (it timed out): the producer's
+    /// next transactional call is refused.
+    timed_out: bool,
+    open: Vec<Stored>,
+    open_offsets: Vec<(i32, i64)>,
     assigned: Vec<i32>,
     /// What each poll of a held consumer returns, in turn (then nothing).
     held_polls: VecDeque<Polled>,
@@ -158,31 +198,22 @@ struct Inner {
     /// Where a replay leaves each partition's progress (the input offset the
     /// transaction log has reached); none: unknown.
     progress: BTreeMap<i32, i64>,
-    /// The topic the consumer polls (none: polls return only rebalances).
-    input: Option<String>,
     /// The consumer's next offset per partition of the input.
     positions: BTreeMap<i32, i64>,
     /// Rebalances the next poll serves.
     rebalances: Vec<Rebalanced>,
-    /// Partitions per topic (a topic not named here has one).
-    partitions: BTreeMap<String, i32>,
-    /// The next partition of a record without a key, per topic.
-    round_robin: BTreeMap<String, i32>,
-    /// Calls are not recorded (a driver's long runs).
-    quiet: bool,
     /// Triggered by a poll that finds nothing.
     on_idle: Option<crate::engine::Shutdown>,
     /// What describing the group says, in turn (the last one again and again).
     holders: VecDeque<crate::kafka::Holder>,
     /// The producer is fenced (until renewed).
     producer_fenced: bool,
-    /// The group's generation, and the one the consumer last joined: when they differ
-    /// the consumer lost its session without knowing yet (a zombie), and the group
-    /// refuses the offsets it sends to a transaction (KIP-447's generation check).
-    generation: u32,
+    /// The generation the member last joined: when it differs from the group's, the
+    /// member is behind a rebalance, or lost its session without knowing yet (a
+    /// zombie, not in the group).
     member_generation: u32,
     /// Polls a zombie makes before it hears that it lost its session; then its next
-    /// poll serves the loss (every partition revoked) and its new assignment.
+    /// poll serves the loss (every partition revoked), and it joins again.
     unaware_polls: u32,
     /// Per partition, how far past the committed offset its next assignment starts (as
     /// librdkafka's pause/assign races can make it): once.
@@ -191,10 +222,6 @@ struct Inner {
     /// their records from the committed offset coming in the same poll (before the
     /// pause takes effect on the new assignment).
     bounce_while_held: Vec<i32>,
-    /// The time of records sent without one (the driver's clock), if set.
-    clock: Option<crate::clock::Clock>,
-    /// The changelog's `delete.retention.ms` (none: Kafka's default).
-    tombstones_kept: Option<Duration>,
 }
 
 impl Inner {
@@ -231,7 +258,7 @@ impl Inner {
     fn fault_after(&mut self, kind: Kind, topic: Option<&str>) -> Option<(Error, bool)> {
         // Every matching fault counts the call, not only up to the one that fires.
         let mut due = None;
-        for fault in &mut self.faults {
+        for fault in &mut self.client.faults {
             if fault.kind != kind || (fault.topic.is_some() && fault.topic.as_deref() != topic) {
                 continue;
             }
@@ -245,20 +272,117 @@ impl Inner {
 
     /// One offset in each partition the open transaction wrote, for its marker.
     fn mark(&mut self) {
-        let touched: Vec<(String, i32)> = self
-            .open
-            .iter()
-            .map(|r| (r.topic.clone(), r.partition))
-            .collect();
-        for key in touched {
-            *self.next_offset.entry(key).or_default() += 1;
+        mark(&mut self.next_offset, &self.client.open);
+    }
+
+    /// `Err` when the coordinator aborted this member's transaction (it was open
+    /// longer than the transaction timeout): the transaction must be aborted.
+    fn timed_out(&self) -> Result<()> {
+        if !self.client.timed_out {
+            return Ok(());
         }
+        Err(Error::Kafka {
+            operation: "fake".into(),
+            code: rdkafka::types::RDKafkaErrorCode::InvalidProducerEpoch.into(),
+            message: "the coordinator aborted the transaction: it timed out".into(),
+            class: crate::ErrorClass::Abortable,
+        })
+    }
+
+    /// Every member's client state, this one's first.
+    fn clients(&self) -> impl Iterator<Item = &Client> {
+        std::iter::once(&self.client).chain(self.parked.values())
+    }
+
+    /// Aborts each transaction open longer than the transaction timeout, as the
+    /// coordinator does: its records are dropped behind an abort marker, and the
+    /// producer's next transactional call is refused.
+    fn expire_transactions(&mut self) {
+        let Some(timeout) = self.transaction_timeout else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        let clients = std::iter::once(&mut self.client).chain(self.parked.values_mut());
+        for client in clients {
+            if client.began.is_some_and(|began| now >= began + timeout) {
+                mark(&mut self.next_offset, &client.open);
+                client.open.clear();
+                client.open_offsets.clear();
+                client.began = None;
+                client.timed_out = true;
+            }
+        }
+    }
+
+    /// The input partitions `member` gets in the current generation: the group's
+    /// members in order take the partitions in turn (one member: every partition).
+    fn share(&self, member: usize) -> Vec<i32> {
+        let count = self.group_partitions.max(1);
+        let members: Vec<usize> = self.group.iter().copied().collect();
+        let Some(index) = members.iter().position(|m| *m == member) else {
+            return Vec::new();
+        };
+        (0..count)
+            .filter(|p| usize::try_from(*p).unwrap_or(0) % members.len() == index)
+            .collect()
+    }
+
+    /// The calling member joins the group: a new generation, in which every member's
+    /// next poll takes its share (see [`Inner::follow_group`]).
+    fn join(&mut self) {
+        let active = self.active;
+        self.group.insert(active);
+        self.generation += 1;
+        self.follow_group();
+    }
+
+    /// The calling member leaves the group (it stopped, or its session expired): a new
+    /// generation, in which the others share its partitions.
+    fn leave(&mut self) {
+        let active = self.active;
+        if self.group.remove(&active) {
+            self.generation += 1;
+        }
+    }
+
+    /// The calling member takes its part in the current generation (eager rebalancing):
+    /// its next poll revokes whatever it holds or was about to get, and assigns its share.
+    fn follow_group(&mut self) {
+        let mut holds: Vec<i32> = self.client.assigned.clone();
+        for event in &self.client.rebalances {
+            match event {
+                Rebalanced::Assigned(partitions) => holds.extend(partitions),
+                Rebalanced::Revoked(partitions) => holds.retain(|p| !partitions.contains(p)),
+            }
+        }
+        holds.sort_unstable();
+        holds.dedup();
+        if !holds.is_empty() {
+            self.client.rebalances.push(Rebalanced::Revoked(holds));
+        }
+        let share = self.share(self.active);
+        self.client.rebalances.push(Rebalanced::Assigned(share));
+        self.client.member_generation = self.generation;
     }
 }
 
-/// The fake cluster: one instance is both the source and the sink of a batch.
+/// One offset in each partition `open` wrote, for its marker.
+fn mark(next_offset: &mut BTreeMap<(String, i32), i64>, open: &[Stored]) {
+    for record in open {
+        *next_offset
+            .entry((record.topic.clone(), record.partition))
+            .or_default() += 1;
+    }
+}
+
+/// A client of the fake cluster: one member is both the source and the sink of a batch.
+/// Clones are the same member (a renewed producer is a clone); [`FakeKafka::member`]
+/// gives another member of the same cluster.
 #[derive(Default, Clone)]
-pub(crate) struct FakeKafka(Arc<Mutex<Inner>>);
+pub(crate) struct FakeKafka {
+    cluster: Arc<Mutex<Inner>>,
+    member: usize,
+}
 
 impl std::fmt::Debug for FakeKafka {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -282,8 +406,27 @@ impl Landing for FakePending {
 }
 
 impl FakeKafka {
+    /// The cluster, with this member's client state in `client`; a transaction open
+    /// past the transaction timeout is aborted first, as the coordinator does.
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        let mut inner = self.cluster.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.active != self.member {
+            let mine = inner.parked.remove(&self.member).unwrap_or_default();
+            let theirs = std::mem::replace(&mut inner.client, mine);
+            let active = inner.active;
+            inner.parked.insert(active, theirs);
+            inner.active = self.member;
+        }
+        inner.expire_transactions();
+        inner
+    }
+
+    /// Member `member` of this cluster (a new one the first time).
+    pub(crate) fn member(&self, member: usize) -> FakeKafka {
+        FakeKafka {
+            cluster: Arc::clone(&self.cluster),
+            member,
+        }
     }
 
     /// Fails the `nth` call of `kind` (about `topic`, when given) with `error()`.
@@ -294,7 +437,7 @@ impl FakeKafka {
         nth: u32,
         error: impl Fn() -> Error + Send + 'static,
     ) {
-        self.inner().faults.push(Fault {
+        self.inner().client.faults.push(Fault {
             kind,
             topic: topic.map(str::to_owned),
             nth,
@@ -311,7 +454,7 @@ impl FakeKafka {
         nth: u32,
         error: impl Fn() -> Error + Send + 'static,
     ) {
-        self.inner().faults.push(Fault {
+        self.inner().client.faults.push(Fault {
             kind,
             topic: None,
             nth,
@@ -323,12 +466,12 @@ impl FakeKafka {
 
     /// The partitions the consumer has.
     pub(crate) fn assign(&self, partitions: &[i32]) {
-        self.inner().assigned = partitions.to_vec();
+        self.inner().client.assigned = partitions.to_vec();
     }
 
     /// Each poll of a held consumer serves the next of `polls` (then nothing).
     pub(crate) fn serve_while_held(&self, polls: Vec<Vec<Rebalanced>>) {
-        self.inner().held_polls = polls
+        self.inner().client.held_polls = polls
             .into_iter()
             .map(|rebalances| Polled {
                 records: Vec::new(),
@@ -341,7 +484,7 @@ impl FakeKafka {
     /// too, as librdkafka returns those of a partition assigned while held before its
     /// pause takes effect.
     pub(crate) fn poll_while_held(&self, polls: Vec<Polled>) {
-        self.inner().held_polls = polls.into();
+        self.inner().client.held_polls = polls.into();
     }
 
     /// The consumer raises `error` as fatal from now on.
@@ -356,28 +499,28 @@ impl FakeKafka {
         delay: Duration,
         error: impl Fn() -> Error + Send + 'static,
     ) {
-        self.inner().fatal = Some((Box::new(error), tokio::time::Instant::now() + delay));
+        self.inner().client.fatal = Some((Box::new(error), tokio::time::Instant::now() + delay));
     }
 
     /// Describing the group says `holders` in turn (the last one from then on); before
     /// this, nobody is under the instance ID.
     pub(crate) fn describe_group_as(&self, holders: Vec<crate::kafka::Holder>) {
-        self.inner().holders = holders.into();
+        self.inner().client.holders = holders.into();
     }
 
     /// The producer is fenced: a probe says so until a new producer is made.
     pub(crate) fn fence_producer(&self) {
-        self.inner().producer_fenced = true;
+        self.inner().client.producer_fenced = true;
     }
 
     /// Each replay takes `duration` (of tokio time).
     pub(crate) fn restore_takes(&self, duration: Duration) {
-        self.inner().restore_takes = duration;
+        self.inner().client.restore_takes = duration;
     }
 
     /// A replay of `partition` leaves the transaction log's progress at `offset`.
     pub(crate) fn progress_after_replay(&self, partition: i32, offset: i64) {
-        self.inner().progress.insert(partition, offset);
+        self.inner().client.progress.insert(partition, offset);
     }
 
     /// The group's committed offset of `partition` reads `offset`, whatever was
@@ -412,7 +555,7 @@ impl FakeKafka {
         inner.input = Some(topic.to_owned());
         inner.partitions.insert(topic.to_owned(), partitions);
         inner.quiet = true;
-        inner.on_idle = Some(idle);
+        inner.client.on_idle = Some(idle);
     }
 
     /// `topic` has `partitions` partitions.
@@ -429,10 +572,45 @@ impl FakeKafka {
     /// `0..partitions` of the input (from the committed offsets). What a start does.
     pub(crate) fn rejoin(&self, partitions: i32) {
         let mut inner = self.inner();
-        inner.assigned.clear();
-        inner.positions.clear();
-        inner.member_generation = inner.generation;
-        inner.rebalances = vec![Rebalanced::Assigned((0..partitions).collect())];
+        inner.group_partitions = partitions;
+        inner.client.assigned.clear();
+        inner.client.positions.clear();
+        inner.client.rebalances.clear();
+        inner.client.unaware_polls = 0;
+        inner.join();
+    }
+
+    /// The member stops (cleanly, or killed and its session expired): it leaves the
+    /// group, whose other members share its partitions at their next poll. What its
+    /// producer left open stays open until the transaction timeout or a new producer
+    /// of its transactional ID.
+    pub(crate) fn leave(&self) {
+        let mut inner = self.inner();
+        inner.leave();
+        inner.client.assigned.clear();
+        inner.client.positions.clear();
+        inner.client.rebalances.clear();
+    }
+
+    /// The coordinator aborts transactions open longer than `timeout` (of tokio time).
+    pub(crate) fn abort_transactions_after(&self, timeout: Duration) {
+        self.inner().transaction_timeout = Some(timeout);
+    }
+
+    /// Whether this member is in the group (not a zombie, not gone).
+    pub(crate) fn in_group(&self) -> bool {
+        let inner = self.inner();
+        inner.group.contains(&inner.active)
+    }
+
+    /// The group's generation.
+    pub(crate) fn generation(&self) -> u32 {
+        self.inner().generation
+    }
+
+    /// The partitions this member's consumer has.
+    pub(crate) fn assignment(&self) -> Vec<i32> {
+        self.inner().client.assigned.clone()
     }
 
     /// Records sent without a time get `clock`'s (a broker stamps them on arrival).
@@ -488,13 +666,13 @@ impl FakeKafka {
     /// it back, and up to three of its records from the committed offset come in the
     /// same poll.
     pub(crate) fn bounce_while_held(&self, partition: i32) {
-        self.inner().bounce_while_held.push(partition);
+        self.inner().client.bounce_while_held.push(partition);
     }
 
     /// The next assignment of `partition` starts `by` records past the group's
     /// committed offset, as librdkafka's pause/assign races can make it start.
     pub(crate) fn misplace_next_assignment(&self, partition: i32, by: i64) {
-        self.inner().misplaced.insert(partition, by);
+        self.inner().client.misplaced.insert(partition, by);
     }
 
     /// The consumer's session expires (it was frozen, or cut off): the group moves to a
@@ -503,8 +681,10 @@ impl FakeKafka {
     /// then hears of the loss: every partition is revoked and assigned to it again.
     pub(crate) fn lose_session(&self, unaware_polls: u32) {
         let mut inner = self.inner();
+        let active = inner.active;
+        inner.group.remove(&active);
         inner.generation += 1;
-        inner.unaware_polls = unaware_polls;
+        inner.client.unaware_polls = unaware_polls;
     }
 
     /// Writes a record outside any transaction, as a plain producer does (the input's
@@ -534,8 +714,8 @@ impl FakeKafka {
     /// the open transaction's.
     pub(crate) fn open_records(&self, topic: &str) -> Vec<Stored> {
         self.inner()
-            .open
-            .iter()
+            .clients()
+            .flat_map(|client| &client.open)
             .filter(|r| r.topic == topic)
             .cloned()
             .collect()
@@ -551,8 +731,8 @@ impl FakeKafka {
             .copied()
             .unwrap_or(0);
         inner
-            .open
-            .iter()
+            .clients()
+            .flat_map(|client| &client.open)
             .filter(|r| r.topic == topic && r.partition == partition)
             .map(|r| r.offset)
             .min()
@@ -605,47 +785,49 @@ impl Source for FakeKafka {
         _max_wait: Duration,
     ) -> impl Future<Output = Result<Polled>> + Send {
         let mut inner = self.inner();
-        if inner.member_generation != inner.generation {
-            if inner.unaware_polls == 0 {
-                let lost = inner.assigned.clone();
-                let all = (0..inner
-                    .input
-                    .as_ref()
-                    .map_or(1, |input| inner.partitions.get(input).copied().unwrap_or(1)))
-                    .collect();
-                inner.rebalances.push(Rebalanced::Revoked(lost));
-                inner.rebalances.push(Rebalanced::Assigned(all));
-                inner.member_generation = inner.generation;
+        if inner.client.member_generation != inner.generation {
+            if inner.group.contains(&inner.active) {
+                // The group moved on (a member joined or left): this member's part.
+                inner.follow_group();
+            } else if inner.client.unaware_polls == 0 {
+                // A zombie hears that its session expired: it loses every partition,
+                // and joins again.
+                let lost = std::mem::take(&mut inner.client.assigned);
+                for partition in &lost {
+                    inner.client.positions.remove(partition);
+                }
+                inner.client.rebalances.push(Rebalanced::Revoked(lost));
+                inner.join();
             } else {
-                inner.unaware_polls -= 1;
+                inner.client.unaware_polls -= 1;
             }
         }
-        let rebalances = std::mem::take(&mut inner.rebalances);
+        let rebalances = std::mem::take(&mut inner.client.rebalances);
         for event in &rebalances {
             match event {
                 Rebalanced::Assigned(partitions) => {
                     for partition in partitions {
                         let from = inner.committed_offsets.get(partition).copied().unwrap_or(0)
-                            + inner.misplaced.remove(partition).unwrap_or(0);
-                        inner.positions.insert(*partition, from);
-                        if !inner.assigned.contains(partition) {
-                            inner.assigned.push(*partition);
+                            + inner.client.misplaced.remove(partition).unwrap_or(0);
+                        inner.client.positions.insert(*partition, from);
+                        if !inner.client.assigned.contains(partition) {
+                            inner.client.assigned.push(*partition);
                         }
                     }
-                    inner.assigned.sort_unstable();
+                    inner.client.assigned.sort_unstable();
                 }
                 Rebalanced::Revoked(partitions) => {
-                    inner.assigned.retain(|p| !partitions.contains(p));
+                    inner.client.assigned.retain(|p| !partitions.contains(p));
                     for partition in partitions {
-                        inner.positions.remove(partition);
+                        inner.client.positions.remove(partition);
                     }
                 }
             }
         }
         let mut records = Vec::new();
         if let Some(input) = inner.input.clone() {
-            for partition in inner.assigned.clone() {
-                let mut from = inner.positions.get(&partition).copied().unwrap_or(0);
+            for partition in inner.client.assigned.clone() {
+                let mut from = inner.client.positions.get(&partition).copied().unwrap_or(0);
                 // Past the end, Kafka answers OFFSET_OUT_OF_RANGE and the consumer
                 // starts again where `auto.offset.reset` (the engine's: earliest) says.
                 let end = inner
@@ -655,7 +837,7 @@ impl Source for FakeKafka {
                     .unwrap_or(0);
                 if from > end {
                     from = 0;
-                    inner.positions.insert(partition, 0);
+                    inner.client.positions.insert(partition, 0);
                 }
                 let taken: Vec<Record> = inner
                     .committed
@@ -665,7 +847,7 @@ impl Source for FakeKafka {
                     .map(Stored::to_record)
                     .collect();
                 if let Some(last) = taken.last() {
-                    inner.positions.insert(partition, last.offset + 1);
+                    inner.client.positions.insert(partition, last.offset + 1);
                 }
                 records.extend(taken);
                 if records.len() >= max_records {
@@ -675,7 +857,7 @@ impl Source for FakeKafka {
         }
         if records.is_empty()
             && rebalances.is_empty()
-            && let Some(idle) = &inner.on_idle
+            && let Some(idle) = &inner.client.on_idle
         {
             idle.trigger();
         }
@@ -688,8 +870,20 @@ impl Source for FakeKafka {
     fn commit(&self, offsets: Vec<(i32, i64)>) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
         inner.call(Call::ConsumerCommit(offsets.clone()));
-        let result = inner.fault(Kind::ConsumerCommit, None).map(|()| {
+        let result = inner.fault(Kind::ConsumerCommit, None).and_then(|()| {
+            if inner.client.member_generation != inner.generation {
+                // The group refuses a commit from a member behind a rebalance (or a
+                // zombie): librdkafka's ILLEGAL_GENERATION, classified as Kafka's.
+                let code = rdkafka::types::RDKafkaErrorCode::IllegalGeneration;
+                return Err(Error::Kafka {
+                    operation: "commit".into(),
+                    code: code.into(),
+                    message: "the group has moved to a newer generation".into(),
+                    class: crate::kafka::classify_code(code),
+                });
+            }
             inner.committed_offsets.extend(offsets);
+            Ok(())
         });
         std::future::ready(result)
     }
@@ -700,7 +894,26 @@ impl Source for FakeKafka {
     ) -> impl Future<Output = Result<Vec<(i32, Option<i64>)>>> + Send {
         let mut inner = self.inner();
         inner.call(Call::Committed(partitions.clone()));
-        let result = inner.fault(Kind::Committed, None).map(|()| {
+        let pending = inner
+            .parked
+            .values()
+            .flat_map(|client| &client.open_offsets)
+            .any(|(p, _)| partitions.contains(p));
+        let result = inner.fault(Kind::Committed, None);
+        let result = result.and_then(|()| {
+            if pending {
+                // `require_stable`: another member's open transaction holds offsets of
+                // these partitions; the broker answers so until it ends.
+                return Err(Error::Kafka {
+                    operation: "committed".into(),
+                    code: rdkafka::types::RDKafkaErrorCode::UnstableOffsetCommit.into(),
+                    message: "another transaction holds offsets of these partitions".into(),
+                    class: crate::ErrorClass::Retriable,
+                });
+            }
+            Ok(())
+        });
+        let result = result.map(|()| {
             partitions
                 .iter()
                 .map(|p| (*p, inner.committed_offsets.get(p).copied()))
@@ -714,19 +927,22 @@ impl Source for FakeKafka {
         inner.call(Call::Seek(positions.clone()));
         let result = inner.fault(Kind::Seek, None).map(|()| {
             for (partition, offset) in positions {
-                inner.positions.insert(partition, offset.unwrap_or(0));
+                inner
+                    .client
+                    .positions
+                    .insert(partition, offset.unwrap_or(0));
             }
         });
         std::future::ready(result)
     }
 
     fn assigned(&self) -> impl Future<Output = Result<Vec<i32>>> + Send {
-        std::future::ready(Ok(self.inner().assigned.clone()))
+        std::future::ready(Ok(self.inner().client.assigned.clone()))
     }
 
     fn fatal_error(&self) -> Option<Error> {
         let inner = self.inner();
-        let (error, from) = inner.fatal.as_ref()?;
+        let (error, from) = inner.client.fatal.as_ref()?;
         (tokio::time::Instant::now() >= *from).then(error)
     }
 
@@ -741,14 +957,14 @@ impl Source for FakeKafka {
         let result = inner.fault(Kind::KeepAlive, None).map(|()| {
             // Each partition once, as a rebalance names it (the simulation may ask for
             // the same one twice before a hold comes).
-            let bounced: Vec<i32> = std::mem::take(&mut inner.bounce_while_held)
+            let bounced: Vec<i32> = std::mem::take(&mut inner.client.bounce_while_held)
                 .into_iter()
-                .filter(|p| inner.assigned.contains(p))
+                .filter(|p| inner.client.assigned.contains(p))
                 .collect::<std::collections::BTreeSet<i32>>()
                 .into_iter()
                 .collect();
             if bounced.is_empty() {
-                return inner.held_polls.pop_front().unwrap_or_default();
+                return inner.client.held_polls.pop_front().unwrap_or_default();
             }
             let mut records = Vec::new();
             if let Some(input) = inner.input.clone() {
@@ -764,7 +980,7 @@ impl Source for FakeKafka {
                         .map(Stored::to_record)
                         .collect();
                     let next = taken.last().map_or(from, |r| r.offset + 1);
-                    inner.positions.insert(*partition, next);
+                    inner.client.positions.insert(*partition, next);
                     records.extend(taken);
                 }
             }
@@ -788,10 +1004,10 @@ impl Source for FakeKafka {
         let mut inner = self.inner();
         inner.call(Call::Members);
         let result = inner.fault(Kind::Members, None).map(|()| {
-            let holder = if inner.holders.len() > 1 {
-                inner.holders.pop_front()
+            let holder = if inner.client.holders.len() > 1 {
+                inner.client.holders.pop_front()
             } else {
-                inner.holders.front().cloned()
+                inner.client.holders.front().cloned()
             };
             holder.unwrap_or(crate::kafka::Holder {
                 member: None,
@@ -816,7 +1032,7 @@ impl Restore for FakeKafka {
         let (result, takes) = {
             let mut inner = self.inner();
             inner.call(Call::Restore(partition, committed));
-            (inner.fault(Kind::Restore, None), inner.restore_takes)
+            (inner.fault(Kind::Restore, None), inner.client.restore_takes)
         };
         async move {
             tokio::time::sleep(takes).await;
@@ -825,7 +1041,7 @@ impl Restore for FakeKafka {
     }
 
     fn progress(&self, partition: i32) -> Result<Option<i64>> {
-        Ok(self.inner().progress.get(&partition).copied())
+        Ok(self.inner().client.progress.get(&partition).copied())
     }
 }
 
@@ -835,14 +1051,16 @@ impl Renew<FakeKafka> for FakeKafka {
         inner.call(Call::Renew);
         // A new producer aborts what its predecessor left open.
         let result = inner.fault(Kind::Renew, None).map(|()| {
-            if inner.in_transaction || !inner.open.is_empty() {
+            if inner.client.in_transaction || !inner.client.open.is_empty() {
                 // Its abort marker, in each partition the transaction wrote.
                 inner.mark();
             }
-            inner.open.clear();
-            inner.open_offsets.clear();
-            inner.in_transaction = false;
-            inner.producer_fenced = false;
+            inner.client.open.clear();
+            inner.client.open_offsets.clear();
+            inner.client.in_transaction = false;
+            inner.client.began = None;
+            inner.client.timed_out = false;
+            inner.client.producer_fenced = false;
             self.clone()
         });
         std::future::ready(result)
@@ -856,8 +1074,12 @@ impl Sink<FakeKafka> for FakeKafka {
         let mut inner = self.inner();
         inner.call(Call::Begin);
         inner.fault(Kind::Begin, None)?;
-        assert!(!inner.in_transaction, "begin inside an open transaction");
-        inner.in_transaction = true;
+        assert!(
+            !inner.client.in_transaction,
+            "begin inside an open transaction"
+        );
+        inner.client.in_transaction = true;
+        inner.client.began = Some(tokio::time::Instant::now());
         Ok(())
     }
 
@@ -867,7 +1089,8 @@ impl Sink<FakeKafka> for FakeKafka {
             topic: record.topic.to_owned(),
             partition: record.partition,
         });
-        let result = inner.fault(Kind::Send, Some(record.topic)).map(|()| {
+        let result = inner.fault(Kind::Send, Some(record.topic));
+        let result = result.and_then(|()| inner.timed_out()).map(|()| {
             let partition = record
                 .partition
                 .unwrap_or_else(|| inner.partition_for(record.topic, record.key));
@@ -897,8 +1120,8 @@ impl Sink<FakeKafka> for FakeKafka {
                     .or_else(|| inner.clock.as_ref().map(crate::clock::Clock::now_ms)),
             };
             if landing.is_ok() {
-                if inner.in_transaction {
-                    inner.open.push(stored);
+                if inner.client.in_transaction {
+                    inner.client.open.push(stored);
                 } else {
                     inner.committed.push(stored);
                 }
@@ -916,8 +1139,10 @@ impl Sink<FakeKafka> for FakeKafka {
     ) -> impl Future<Output = Result<()>> + Send {
         let mut inner = self.inner();
         inner.call(Call::SendOffsets(offsets.clone()));
-        let mut result = inner.fault(Kind::SendOffsets, None);
-        if result.is_ok() && inner.member_generation != inner.generation {
+        let mut result = inner
+            .fault(Kind::SendOffsets, None)
+            .and_then(|()| inner.timed_out());
+        if result.is_ok() && inner.client.member_generation != inner.generation {
             // What the group coordinator answers a member of an older generation; for
             // librdkafka the transaction must then be aborted.
             result = Err(Error::Kafka {
@@ -928,7 +1153,7 @@ impl Sink<FakeKafka> for FakeKafka {
             });
         }
         let result = result.map(|()| {
-            inner.open_offsets.extend(offsets);
+            inner.client.open_offsets.extend(offsets);
         });
         std::future::ready(result)
     }
@@ -939,13 +1164,15 @@ impl Sink<FakeKafka> for FakeKafka {
         let fault = inner.fault_after(Kind::Commit, None);
         let result = match fault {
             Some((error, false)) => Err(error),
+            None if inner.client.timed_out => inner.timed_out(),
             applied => {
                 inner.mark();
-                let open = std::mem::take(&mut inner.open);
+                let open = std::mem::take(&mut inner.client.open);
                 inner.committed.extend(open);
-                let offsets = std::mem::take(&mut inner.open_offsets);
+                let offsets = std::mem::take(&mut inner.client.open_offsets);
                 inner.committed_offsets.extend(offsets);
-                inner.in_transaction = false;
+                inner.client.in_transaction = false;
+                inner.client.began = None;
                 applied.map_or(Ok(()), |(error, _)| Err(error))
             }
         };
@@ -957,9 +1184,11 @@ impl Sink<FakeKafka> for FakeKafka {
         inner.call(Call::Abort);
         let result = inner.fault(Kind::Abort, None).map(|()| {
             inner.mark();
-            inner.open.clear();
-            inner.open_offsets.clear();
-            inner.in_transaction = false;
+            inner.client.open.clear();
+            inner.client.open_offsets.clear();
+            inner.client.in_transaction = false;
+            inner.client.began = None;
+            inner.client.timed_out = false;
         });
         std::future::ready(result)
     }
@@ -975,7 +1204,7 @@ impl Sink<FakeKafka> for FakeKafka {
         inner.call(Call::Probe);
         let result = inner
             .fault(Kind::Probe, None)
-            .map(|()| inner.producer_fenced);
+            .map(|()| inner.client.producer_fenced);
         std::future::ready(result)
     }
 }

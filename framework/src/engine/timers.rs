@@ -138,7 +138,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         };
         let view = View::new(&part.snapshot, &part.overlay);
         let mut layers = view.record();
-        timers::cancel(&mut layers, partition, &timer.key)?;
+        timers::remove_fired(&mut layers, &timer)?;
         let mut outputs = Vec::new();
         let mut ctx = Context {
             meta: &meta,
@@ -185,7 +185,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
             Some((class, error)) => {
                 // The timer goes (it would fail again), the failure per `on_error`.
                 let mut removal = View::new(&part.snapshot, &part.overlay).record();
-                timers::cancel(&mut removal, partition, &timer.key)?;
+                timers::remove_fired(&mut removal, &timer)?;
                 let removed = removal.into_writes().into_changes();
                 merge(&mut part.overlay, removed);
                 let record = timer_record(&config.input_topic, &timer);
@@ -226,7 +226,10 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         // timers its successor fires too (hole D of issue 40, seen against the broker:
         // 20 reminders twice). So it commits the group's committed offsets of these
         // partitions again, which the group refuses from a member of an older generation.
-        let standing = if self.config.delivery == crate::DeliveryMode::ExactlyOnce {
+        // At least once commits them too, first, for the same reason (see `commit`), and
+        // at most once before it fires anything (as it commits a batch's offsets before
+        // processing its records).
+        let standing = {
             let committed = self.consumer.committed(due.clone()).await?;
             let standing: Vec<(i32, i64)> = committed
                 .into_iter()
@@ -241,9 +244,10 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                 return Ok(());
             }
             standing
-        } else {
-            Vec::new()
         };
+        if self.config.delivery == crate::DeliveryMode::AtMostOnce {
+            self.consumer.commit(standing.clone()).await?;
+        }
         self.open(&[]).await?;
         let mut part = Part::new(self.txlog, self.config)?;
         part.standing = standing;

@@ -126,7 +126,7 @@ fn rejects_the_record(code: RDKafkaErrorCode) -> bool {
 }
 
 /// Classifies a bare error code, for calls outside the transactional API.
-pub(super) fn classify_code(code: RDKafkaErrorCode) -> ErrorClass {
+pub(crate) fn classify_code(code: RDKafkaErrorCode) -> ErrorClass {
     use RDKafkaErrorCode as C;
     if security::is_refused(code) {
         return ErrorClass::Fatal;
