@@ -491,6 +491,15 @@ impl<P: Processor> TestDriver<P> {
             .fail(call.kind(), None, nth.max(1), injected(class));
     }
 
+    /// The `nth` send (1: the next) of instance `index` times out on the client, its
+    /// record still on its way: its transaction cannot commit, and the record would land
+    /// with the producer's next transaction (librdkafka has no Transactions V2, KIP-890
+    /// part 2) unless an epoch bump fences it first: a new producer's, or the one
+    /// librdkafka makes after aborting a transaction whose record timed out.
+    pub fn time_out_send(&mut self, index: usize, nth: u32) {
+        self.slots[index].kafka.time_out_send(nth);
+    }
+
     /// Stops the instance cleanly and reopens its transaction log; the next
     /// [`TestDriver::process`] starts a new instance (nothing to replay).
     pub fn restart(&mut self) -> Result<()> {

@@ -371,3 +371,41 @@ async fn at_least_once_never_loses_a_state_change_when_a_changelog_send_fails() 
         );
     }
 }
+
+/// A produce request that timed out on the client may still land later; its
+/// transaction cannot commit (the commit answers with the record's timeout). The engine
+/// fails closed: it never uses that producer again, and a new one's epoch fences the
+/// late record, which must never land in a later transaction. Each send of the first
+/// batch times out in turn.
+#[tokio::test(start_paused = true)]
+async fn a_record_whose_send_timed_out_never_lands_in_a_later_transaction() {
+    for nth in 1..=4 {
+        let mut driver = driver(1);
+        let events = amounts(0, 3, 1);
+        for event in &events {
+            driver.pipe_record(keyed(event));
+        }
+        driver.time_out_send(0, nth);
+        driver.process().await.expect("process");
+        let more = amounts(3, 2, 1);
+        for event in &more {
+            driver.pipe_record(keyed(event));
+        }
+        driver.process().await.expect("process");
+        let all: Vec<Amount> = events.iter().chain(&more).cloned().collect();
+        let ids: Vec<String> = outputs(&driver)
+            .into_iter()
+            .map(|o| o.id.expect("id"))
+            .collect();
+        let wanted: Vec<String> = all.iter().map(|a| a.id.clone().expect("id")).collect();
+        assert_eq!(
+            ids, wanted,
+            "send {nth} timed out: every event once, in order"
+        );
+        assert_exactly_once(&all, &outputs(&driver));
+        assert!(
+            driver.stats().producers_replaced >= 1,
+            "send {nth} timed out: the producer was replaced"
+        );
+    }
+}

@@ -147,3 +147,32 @@ async fn exactly_once_commits_nothing_a_zombie_does() {
     assert_eq!(sums, expected);
     assert_eq!(driver.state::<i64>(0, "k").expect("state"), Some(108));
 }
+
+/// Hole D of issue 40 with a real successor: instance 0 is frozen with a reminder
+/// pending; instance 1 takes the partition over and fires it; instance 0 wakes, not yet
+/// knowing it lost its session, and fires it too. Its transaction of timers alone must
+/// be refused (the group's offsets in it fail the generation check).
+#[tokio::test(start_paused = true)]
+async fn a_zombie_cannot_fire_again_the_reminder_its_successor_fired() {
+    use onceflow_e2e::buckets::{Buckets, OUT as CLOSED, at, tick};
+    let mut driver = TestDriver::new(Buckets::default()).instances(2);
+    let mut remind = tick(0, "a", 1);
+    remind.remind_in_ms = Some(60_000);
+    driver.pipe_record(at(&remind, 1));
+    driver.process().await.expect("process");
+    assert_eq!(driver.assignment_of(0), [0]);
+
+    driver.lose_session_of(0, 3);
+    driver.advance_time(Duration::from_secs(61));
+    driver.process_instance(1).await.expect("the successor");
+    let _ = driver.process_instance(0).await;
+    driver.process().await.expect("settle");
+
+    let reminders = driver
+        .output_values::<onceflow_e2e::buckets::Closed>(CLOSED)
+        .expect("outputs")
+        .into_iter()
+        .filter(|c| c.bucket == -1)
+        .count();
+    assert_eq!(reminders, 1, "the reminder once");
+}

@@ -123,6 +123,9 @@ enum Fault {
     MisplaceStart(i32, i64),
     RebalanceWhileHeld(i32),
     Restart(usize),
+    /// Instance `.0`'s nth send times out on the client; its record lands later, with
+    /// the producer's next transaction unless a new producer fenced it.
+    TimeOutSend(usize, u32),
 }
 
 const CALLS: [KafkaCall; 6] = [
@@ -179,7 +182,8 @@ fn draw_schedule(rng: &mut fastrand::Rng) -> (Schedule, Vec<Step>) {
 fn draw_fault(rng: &mut fastrand::Rng, schedule: &Schedule) -> Fault {
     let partitions = schedule.partitions;
     let instance = rng.usize(0..schedule.instances);
-    match rng.u8(0..22) {
+    match rng.u8(0..24) {
+        22..24 => Fault::TimeOutSend(instance, rng.u32(1..=6)),
         20..22 => Fault::RebalanceWhileHeld(rng.i32(0..partitions)),
         0..7 => Fault::Fail(
             instance,
@@ -193,9 +197,11 @@ fn draw_fault(rng: &mut fastrand::Rng, schedule: &Schedule) -> Fault {
         ),
         11 => Fault::Kill(instance),
         12 => Fault::LoseLocalState(instance),
-        13..15 => Fault::Zombie(instance, rng.u32(0..=2)),
+        13..15 => Fault::Zombie(instance, rng.u32(0..=4)),
         15..17 if schedule.instances == 1 => Fault::SwitchInstance(rng.usize(0..3)),
-        15..17 => Fault::Kill(instance),
+        // A group: a zombie racing its successor, or a kill.
+        15 => Fault::Zombie(instance, rng.u32(1..=4)),
+        16 => Fault::Kill(instance),
         17 => Fault::CompactAfterADayAndAHalf,
         18 => Fault::MisplaceStart(rng.i32(0..partitions), rng.i64(1..=3)),
         _ => Fault::Restart(instance),
@@ -386,6 +392,7 @@ fn apply(driver: &mut TestDriver<Remindful>, fault: Fault) -> Result<(), String>
             driver.restart().map_err(|e| failed("restart", e))?;
         }
         Fault::RebalanceWhileHeld(partition) => driver.rebalance_while_held(partition),
+        Fault::TimeOutSend(index, nth) => driver.time_out_send(index, nth),
         Fault::Restart(index) => driver
             .restart_instance(index)
             .map_err(|e| failed("restart", e))?,

@@ -212,6 +212,17 @@ struct Client {
     /// member is behind a rebalance, or lost its session without knowing yet (a
     /// zombie, not in the group).
     member_generation: u32,
+    /// Sends so far, and the ones (by number) whose request times out on the client,
+    /// to land later: with the producer's next transaction unless an epoch bump fences
+    /// it first (a new producer, or the abort of its own transaction, after which
+    /// librdkafka bumps the epoch).
+    sends: u32,
+    time_out_sends: std::collections::BTreeSet<u32>,
+    late: Vec<Stored>,
+    /// A send of the open transaction timed out: committing it fails (librdkafka's
+    /// commit waits for every delivery, and a failed one makes the transaction
+    /// abortable).
+    send_timed_out: bool,
     /// Polls a zombie makes before it hears that it lost its session; then its next
     /// poll serves the loss (every partition revoked), and it joins again.
     unaware_polls: u32,
@@ -392,15 +403,33 @@ impl std::fmt::Debug for FakeKafka {
 
 /// A sent record's acknowledgement, decided when it was sent.
 #[derive(Debug)]
-pub(crate) struct FakePending(std::result::Result<(i32, i64), String>);
+pub(crate) struct FakePending(std::result::Result<(i32, i64), Refused>);
+
+/// Why a sent record did not land (as far as its producer knows).
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// Refused for good (too large, say).
+    Rejected(String),
+    /// Its request timed out on the client: it may still land later.
+    TimedOut,
+}
 
 impl Landing for FakePending {
     fn landed(self) -> impl Future<Output = Result<(i32, i64)>> + Send {
-        std::future::ready(self.0.map_err(|message| Error::Kafka {
-            operation: crate::Operation::produce("fake"),
-            code: rdkafka::types::RDKafkaErrorCode::MessageSizeTooLarge.into(),
-            message,
-            class: crate::ErrorClass::Rejected,
+        use rdkafka::types::RDKafkaErrorCode as C;
+        std::future::ready(self.0.map_err(|refused| match refused {
+            Refused::Rejected(message) => Error::Kafka {
+                operation: crate::Operation::produce("fake"),
+                code: C::MessageSizeTooLarge.into(),
+                message,
+                class: crate::ErrorClass::Rejected,
+            },
+            Refused::TimedOut => Error::Kafka {
+                operation: crate::Operation::produce("fake"),
+                code: C::MessageTimedOut.into(),
+                message: "the produce request timed out (it may land later)".into(),
+                class: crate::ErrorClass::Retriable,
+            },
         }))
     }
 }
@@ -595,6 +624,14 @@ impl FakeKafka {
     /// The coordinator aborts transactions open longer than `timeout` (of tokio time).
     pub(crate) fn abort_transactions_after(&self, timeout: Duration) {
         self.inner().transaction_timeout = Some(timeout);
+    }
+
+    /// The `nth` send from now times out on the client; its record still lands, later:
+    /// with the producer's next transaction, unless a new producer fences it first.
+    pub(crate) fn time_out_send(&self, nth: u32) {
+        let mut inner = self.inner();
+        let at = inner.client.sends + nth.max(1);
+        inner.client.time_out_sends.insert(at);
     }
 
     /// Whether this member is in the group (not a zombie, not gone).
@@ -1061,6 +1098,9 @@ impl Renew<FakeKafka> for FakeKafka {
             inner.client.began = None;
             inner.client.timed_out = false;
             inner.client.producer_fenced = false;
+            // The new producer's epoch fences what the old one still had in flight.
+            inner.client.late.clear();
+            inner.client.send_timed_out = false;
             self.clone()
         });
         std::future::ready(result)
@@ -1080,6 +1120,18 @@ impl Sink<FakeKafka> for FakeKafka {
         );
         inner.client.in_transaction = true;
         inner.client.began = Some(tokio::time::Instant::now());
+        // What timed out in an earlier transaction of this producer lands now, in this
+        // one (what Transactions V2, KIP-890 part 2, would refuse).
+        let late = std::mem::take(&mut inner.client.late);
+        for mut record in late {
+            let next = inner
+                .next_offset
+                .entry((record.topic.clone(), record.partition))
+                .or_default();
+            record.offset = *next;
+            *next += 1;
+            inner.client.open.push(record);
+        }
         Ok(())
     }
 
@@ -1100,9 +1152,13 @@ impl Sink<FakeKafka> for FakeKafka {
                 .or_default();
             let offset = *next;
             *next += 1;
+            inner.client.sends += 1;
+            let sent = inner.client.sends;
+            let late = inner.client.time_out_sends.remove(&sent);
             let landing = match inner.fault(Kind::Landing, Some(record.topic)) {
+                Ok(()) if late => Err(Refused::TimedOut),
                 Ok(()) => Ok((partition, offset)),
-                Err(error) => Err(error.to_string()),
+                Err(error) => Err(Refused::Rejected(error.to_string())),
             };
             let stored = Stored {
                 topic: record.topic.to_owned(),
@@ -1119,7 +1175,12 @@ impl Sink<FakeKafka> for FakeKafka {
                     .timestamp_ms
                     .or_else(|| inner.clock.as_ref().map(crate::clock::Clock::now_ms)),
             };
-            if landing.is_ok() {
+            if late {
+                inner.client.send_timed_out = inner.client.in_transaction;
+                // Its request is still on its way: it lands with the producer's next
+                // transaction (the same epoch), unless a new producer fences it first.
+                inner.client.late.push(stored);
+            } else if landing.is_ok() {
                 if inner.client.in_transaction {
                     inner.client.open.push(stored);
                 } else {
@@ -1165,6 +1226,12 @@ impl Sink<FakeKafka> for FakeKafka {
         let result = match fault {
             Some((error, false)) => Err(error),
             None if inner.client.timed_out => inner.timed_out(),
+            None if inner.client.send_timed_out => Err(Error::Kafka {
+                operation: "commit_transaction".into(),
+                code: rdkafka::types::RDKafkaErrorCode::MessageTimedOut.into(),
+                message: "a record of the transaction timed out".into(),
+                class: crate::ErrorClass::Abortable,
+            }),
             applied => {
                 inner.mark();
                 let open = std::mem::take(&mut inner.client.open);
@@ -1189,6 +1256,12 @@ impl Sink<FakeKafka> for FakeKafka {
             inner.client.in_transaction = false;
             inner.client.began = None;
             inner.client.timed_out = false;
+            if inner.client.send_timed_out {
+                // librdkafka bumps the epoch after aborting a transaction a record of
+                // which timed out (KIP-360's drain and bump): the late record is fenced.
+                inner.client.late.clear();
+                inner.client.send_timed_out = false;
+            }
         });
         std::future::ready(result)
     }
