@@ -2,24 +2,31 @@
 //! in-memory Kafka): each seed makes one schedule of records and faults, runs it, and an
 //! oracle checks the delivery mode's promise. One seed replays one schedule exactly.
 //!
-//! What a schedule draws (see `Fault`): errors of every class at every Kafka call the
-//! driver can fail (retriable, abortable, fatal), a crash at every crash point, kills
-//! that lose the applies not yet synced, a lost state directory, an instance that lost
-//! its session and goes on as a zombie for some polls, a hand-over to another instance
-//! with its own state directory (which may come back later, stale), the changelog
-//! compacted a day and a half later (values and tombstones gone), a consumer that starts
-//! a partition past its committed offset, a partition revoked and assigned back while
-//! the consumer is held (its records coming in the same poll); and a workload of keyed amounts with copies
-//! sent at once (same batch) and much later, and refused records (dead letters).
+//! What a schedule draws (see `Fault`): a group of one to three instances (each its own
+//! member, producer and state directory; eager rebalances at every start, stop, kill
+//! and lost session; one instance at a time or the whole group in turn); errors of every
+//! class at every Kafka call the driver can fail (retriable, abortable, fatal), per
+//! instance; a crash at every crash point; kills that lose the applies not yet synced
+//! (and leave their transaction open until the transaction timeout); a lost state
+//! directory; an instance that lost its session and goes on as a zombie for some polls
+//! while the others take its partitions; a hand-over to another instance with its own
+//! state directory (which may come back later, stale); the changelog compacted a day
+//! and a half later (values and tombstones gone); a consumer that starts a partition
+//! past its committed offset; a partition revoked and assigned back while the consumer
+//! is held (its records coming in the same poll); a send that times out on the client
+//! and lands later unless fenced; and a workload of keyed amounts with copies sent at
+//! once (same batch) and much later, refused records (dead letters), resets that delete
+//! state, and a wall-clock reminder (a timer) per event of amount 3 or 7.
 //!
 //! The oracle, per delivery mode: exactly once: every event's output (or dead letter)
-//! once, each key's outputs in order with the exact running sum, the state exact, every
-//! event's dedup entry there; at least once: nothing lost, the state never behind;
-//! at most once: nothing twice, the state never ahead.
+//! and reminder once, each key's outputs in order with the exact running sum, the state
+//! exact, every event's dedup entry there; at least once: nothing lost, the state never
+//! behind; at most once: nothing twice, the state never ahead.
 //!
 //! A failure names its seed and the command that replays it:
-//! `SIM_SEED=<seed> cargo test -p onceflow-e2e --test simulation one_seed -- --nocapture`.
-//! CI runs 2,000 schedules; `--features soak` runs 100,000.
+//! `SIM_SEED=<seed> cargo test -p onceflow-e2e --test simulation one_seed -- --nocapture`
+//! (`SIM_DUMP=1` prints the changelog too). CI runs 2,000 schedules; `--features soak`
+//! runs 100,000.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
