@@ -4,6 +4,16 @@
 //! error it gives, or applies it and then fails (an outcome the caller cannot know).
 //! Clones share one cluster: a renewed producer is a clone.
 //!
+//! The cluster has members ([`FakeKafka::member`]), each a process's consumer and
+//! transactional producer, in one group: every join and leave (a stop, a kill, a lost
+//! session) moves the group to a new generation, and each member's next poll revokes
+//! what it had and assigns its share (eager rebalancing). The group refuses offsets
+//! (in a transaction, or committed plainly) from a member of an older generation
+//! (KIP-447), a `require_stable` read while another member's transaction holds offsets
+//! of its partitions, and the coordinator aborts a transaction open past the
+//! transaction timeout (when set). One member's state is in `Inner::client` while its
+//! handle holds the lock; the others wait in `Inner::parked`.
+//!
 //! The test driver (`onceflow::testing`, feature `testing`) runs the engine's loop over
 //! it: the consumer polls the input topic from its positions (committed records only, as
 //! `read_committed`), keyed records go where librdkafka's default partitioner puts them,
