@@ -418,6 +418,18 @@ fn apply(driver: &mut TestDriver<Remindful>, fault: Fault) -> Result<(), String>
     Ok(())
 }
 
+/// Whether `got` copies of one event's effect keep the promise of `mode` for an event
+/// that came in `records` input records.
+fn delivered(mode: DeliveryMode, got: usize, records: usize) -> bool {
+    match mode {
+        DeliveryMode::ExactlyOnce => got == 1,
+        DeliveryMode::AtLeastOnce => got >= 1,
+        // At most once is a promise per record: each copy at most once. Dedup by event
+        // ID is best effort there (an entry not yet applied when a copy comes).
+        _ => got <= records,
+    }
+}
+
 /// The oracle.
 fn check(
     driver: &TestDriver<Remindful>,
@@ -477,24 +489,16 @@ fn check(
             }
             ("outputs", out)
         };
-        let kept = match mode {
-            DeliveryMode::ExactlyOnce => got == 1,
-            DeliveryMode::AtLeastOnce => got >= 1,
-            // At most once is a promise per record: each copy at most once. Dedup by
-            // event ID is best effort there (a dedup entry lands after the outputs).
-            _ => got <= *records,
-        };
-        if !kept {
+        if !delivered(mode, got, *records) {
             return Err(format!(
                 "{id} has {got} {wanted} from {records} input records ({mode:?})"
             ));
         }
         let reminders = reminded.remove(id).unwrap_or(0);
-        let kept = match mode {
-            _ if !wants_reminder(event) => reminders == 0,
-            DeliveryMode::ExactlyOnce => reminders == 1,
-            DeliveryMode::AtLeastOnce => reminders >= 1,
-            _ => reminders <= *records,
+        let kept = if wants_reminder(event) {
+            delivered(mode, reminders, *records)
+        } else {
+            reminders == 0
         };
         if !kept {
             return Err(format!(
