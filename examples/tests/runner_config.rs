@@ -210,3 +210,23 @@ fn a_state_dir_others_may_write_to_or_another_user_owns_stops_the_instance() {
         eprintln!("not root: the owner check is covered by the unit test on `/`");
     }
 }
+
+/// `--version` names the binary, its own crate's version (from `#[derive(Processor)]`)
+/// and onceflow's, and exits 0 without reading any setting.
+#[test]
+fn version_names_the_program_and_onceflow() {
+    let output = Command::new(common::example("billing"))
+        .arg("--version")
+        .env("ONCEFLOW_COMMIT_INTERVAL", "not a duration")
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        format!(
+            "billing {} (onceflow {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}

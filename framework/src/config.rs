@@ -5,7 +5,11 @@ use std::time::Duration;
 
 use crate::{Error, Result};
 
-/// How strongly effects are tied to input offsets (DESIGN.md §5).
+/// The consumer's partition assignment strategies: eager ones, which the engine's
+/// rebalance handling relies on (`kafka/consumer.rs` sets it).
+const EAGER_ASSIGNMENT: &str = "range,roundrobin";
+
+/// How strongly effects are tied to input offsets (the guide's "Delivery modes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeliveryMode {
     /// One Kafka transaction per batch: outputs, changelog and offsets commit together.
@@ -561,6 +565,21 @@ impl EngineConfig {
                     "all (the default): with fewer acks a committed output can be lost with a \
                      broker",
                 ),
+                // Set by the engine; any other value used to be overridden without a word.
+                ("auto.offset.reset", other) if !other.eq_ignore_ascii_case("earliest") => Some(
+                    "earliest (what onceflow sets): a group with no committed offset must start \
+                     at the beginning, or the records before its start are never processed; to \
+                     skip history on purpose, commit the group's offsets first",
+                ),
+                ("partition.assignment.strategy", other)
+                    if other.replace(' ', "") != EAGER_ASSIGNMENT =>
+                {
+                    Some(
+                        "range,roundrobin (what onceflow sets): the engine hands partitions over \
+                         with eager rebalances; incremental (cooperative-sticky) ones are not \
+                         supported yet",
+                    )
+                }
                 _ => None,
             };
             if let Some(accepted) = refused {
@@ -662,7 +681,28 @@ mod tests {
                 .problems()
                 .is_empty()
         );
-        assert!(base.kafka("acks", "all").problems().is_empty());
+        assert!(base.clone().kafka("acks", "all").problems().is_empty());
+        // Properties the engine sets itself: refused with the reason, unless the value is
+        // the engine's own (they used to be overridden without a word).
+        for (key, value) in [
+            ("auto.offset.reset", "latest"),
+            ("partition.assignment.strategy", "cooperative-sticky"),
+            ("partition.assignment.strategy", "range"),
+        ] {
+            let problems = base.clone().kafka(key, value).problems();
+            assert!(
+                matches!(&problems[..], [Error::Config { key: k, accepted, .. }]
+                    if k == key && accepted.contains("what onceflow sets")),
+                "{key}={value}: {problems:?}"
+            );
+        }
+        assert!(
+            base.clone()
+                .kafka("auto.offset.reset", "earliest")
+                .kafka("partition.assignment.strategy", "range, roundrobin")
+                .problems()
+                .is_empty()
+        );
     }
 
     /// Issue 13: the producer's timeouts must fit inside the transaction's.

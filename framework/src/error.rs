@@ -255,6 +255,44 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// Every class, in the order the reference page lists them.
+    #[cfg(all(test, feature = "runner"))]
+    pub(crate) const ALL: [ErrorClass; 5] = [
+        ErrorClass::Retriable,
+        ErrorClass::Abortable,
+        ErrorClass::Fatal,
+        ErrorClass::Rejected,
+        ErrorClass::Other,
+    ];
+
+    /// What the class means for a user, in Markdown: the reference page
+    /// (`docs/src/reference/error-classes.md`).
+    #[cfg(all(test, feature = "runner"))]
+    pub(crate) fn meaning(self) -> &'static str {
+        match self {
+            ErrorClass::Retriable => {
+                "The same call may be made again (a broker that is away for a moment, a request \
+                 that timed out)."
+            }
+            ErrorClass::Abortable => {
+                "The open transaction must be aborted; processing may then go on. The engine \
+                 aborts, rewinds to the last committed offsets and processes the batch again: \
+                 nothing of the aborted transaction is visible."
+            }
+            ErrorClass::Fatal => {
+                "The client is unusable (for example fenced by a newer instance): the instance \
+                 stops."
+            }
+            ErrorClass::Rejected => {
+                "The broker or the client refused a record for good (too large, invalid for the \
+                 topic, a topic that does not exist): sending it again fails the same way. The \
+                 transaction is aborted, and the record that caused it is found and handled per \
+                 `on_error` (dead-letter class `rejected`)."
+            }
+            ErrorClass::Other => "Not classified by librdkafka: a failure of this call only.",
+        }
+    }
+
     fn hint(self) -> &'static str {
         match self {
             ErrorClass::Retriable => "; retriable",
@@ -476,6 +514,73 @@ impl Error {
     }
 }
 
+/// Turns any failure of a handler's own work into an [`Error`] that says whether trying
+/// the record again may help, so `?` works on it:
+///
+/// ```
+/// use onceflow::{ResultExt, Result};
+///
+/// fn amount(text: &str) -> Result<i64> {
+///     text.parse::<i64>().permanent() // bad data: dead-lettered at once
+/// }
+/// assert!(amount("12").is_ok());
+/// let error = amount("twelve").unwrap_err();
+/// assert!(!error.is_retriable());
+/// assert!(error.to_string().contains("invalid digit"));
+/// ```
+///
+/// A transient failure (a database that is restarting, a timeout) is retried with
+/// back-off (`max_attempts`, `max_retry_time`) before the record is dead-lettered; a
+/// permanent one is handled per `on_error` at once. A failure converted with `?` alone
+/// (from a `serde_json::Error`, or a boxed error) is permanent: when in doubt, a dead
+/// letter keeps the record, and `dlq replay` brings it back.
+pub trait ResultExt<T> {
+    /// A failure that will not go away by trying the same record again.
+    fn permanent(self) -> Result<T>;
+    /// A failure that trying the same record again may get past.
+    fn transient(self) -> Result<T>;
+}
+
+impl<T, E> ResultExt<T> for std::result::Result<T, E>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn permanent(self) -> Result<T> {
+        self.map_err(|error| Error::processing(chain(error.into().as_ref())))
+    }
+
+    fn transient(self) -> Result<T> {
+        self.map_err(|error| Error::transient(chain(error.into().as_ref())))
+    }
+}
+
+/// An error and its causes, as one line.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// A JSON value the handler could not read or write: permanent (the same bytes fail the
+/// same way).
+impl From<serde_json::Error> for Error {
+    fn from(error: serde_json::Error) -> Self {
+        Error::processing(format!("JSON: {error}"))
+    }
+}
+
+/// Any other failure given to `?` as a boxed error: permanent ([`ResultExt`] says which).
+impl From<Box<dyn std::error::Error + Send + Sync>> for Error {
+    fn from(error: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        Error::processing(chain(error.as_ref()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -521,6 +626,39 @@ mod tests {
         assert_eq!(
             text,
             "commit_transaction failed: fenced (ProducerFenced); fatal: this client cannot go on"
+        );
+    }
+
+    #[test]
+    fn a_handlers_own_failure_converts_with_its_causes_and_its_kind() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("the ledger refused")]
+        struct Refused(#[source] std::io::Error);
+        let failed: std::result::Result<(), Refused> =
+            Err(Refused(std::io::Error::other("disk full")));
+        let error = failed.transient().unwrap_err();
+        assert!(error.is_retriable());
+        assert_eq!(
+            error.to_string(),
+            "processing failed (transient): the ledger refused: disk full"
+        );
+        let error = "x".parse::<u8>().permanent().unwrap_err();
+        assert!(!error.is_retriable() && !error.is_fatal());
+
+        fn read(text: &str) -> Result<u8> {
+            Ok(serde_json::from_str::<u8>(text)?)
+        }
+        let error = read("\"a\"").unwrap_err();
+        assert!(!error.is_retriable());
+        assert!(
+            error
+                .to_string()
+                .starts_with("processing failed: JSON: invalid type")
+        );
+        let boxed: Box<dyn std::error::Error + Send + Sync> = "no such customer".into();
+        assert_eq!(
+            Error::from(boxed).to_string(),
+            "processing failed: no such customer"
         );
     }
 }

@@ -26,9 +26,10 @@
 //!   testcontainers, and helpers to create topics, produce, read a topic to its end under
 //!   `read_committed` or `read_uncommitted`, and read a group's committed offsets.
 //!
-//! The precise guarantee and the architecture are in `DESIGN.md` of the repository.
+//! The precise guarantee and the architecture are in the guide (`docs/` of the
+//! repository: "The guarantee and the fault model", "Design").
 #![deny(missing_docs)]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "bench-internals")]
 mod bench;
@@ -60,7 +61,7 @@ pub use async_trait::async_trait;
 pub use config::{DeliveryMode, EngineConfig, ErrorPolicy};
 pub use dlq::{DeadLetterReplay, ReplaySummary};
 pub use engine::{Engine, Phase, Shutdown, Stats, StatsSnapshot};
-pub use error::{Error, ErrorClass, KafkaCode, Operation, Result};
+pub use error::{Error, ErrorClass, KafkaCode, Operation, Result, ResultExt};
 pub use event::{Codec, Event, EventId, Json};
 #[cfg(feature = "derive")]
 pub use onceflow_macros::{Event, Processor};

@@ -56,6 +56,13 @@ pub trait Processor: Send + 'static {
         None
     }
 
+    /// The version of the program the processor is part of, for `--version` and the
+    /// start-up log: `#[derive(Processor)]` gives the deriving crate's version (its
+    /// `Cargo.toml`'s). `None` by default.
+    fn version(&self) -> Option<&str> {
+        None
+    }
+
     /// Topics it emits to, when the processor declares them (`#[derive(Processor)]` does);
     /// they are added to the configuration's outputs, and each must exist at start.
     fn output_topics(&self) -> &[&str] {

@@ -71,7 +71,7 @@ use crate::engine::crash::CrashPlan;
 use crate::engine::drive::{self, Instance, Outcome};
 use crate::engine::fake::{FakeKafka, Kind, Stored, injected};
 use crate::engine::{Stats, StatsSnapshot};
-use crate::event::Event;
+use crate::event::{Codec, Event, Json};
 use crate::processor::Processor;
 use crate::txlog::TxLog;
 use crate::{EngineConfig, Error, ErrorClass, Result};
@@ -317,10 +317,22 @@ impl<P: Processor> TestDriver<P> {
 
     /// Writes `event` to the input as JSON, keyed by its [`Event::key`] (no key: the
     /// partitions in turn), as an upstream producer would. Returns where it landed.
+    /// [`pipe_with`](Self::pipe_with) writes with another codec, and
+    /// [`pipe_record`](Self::pipe_record) any bytes (a malformed record, say).
     pub fn pipe<E: Serialize + Event>(&mut self, event: &E) -> Result<(i32, i64)> {
-        let value = serde_json::to_vec(event).map_err(|e| Error::Encode {
+        self.pipe_with(&Json, event)
+    }
+
+    /// [`pipe`](Self::pipe), encoded with `codec` (the codec of a processor that reads
+    /// its input with `#[processor(codec = ...)]`).
+    pub fn pipe_with<C: Codec, E: Serialize + Event>(
+        &mut self,
+        codec: &C,
+        event: &E,
+    ) -> Result<(i32, i64)> {
+        let value = codec.encode(event).map_err(|message| Error::Encode {
             what: "a piped event".into(),
-            message: e.to_string(),
+            message,
         })?;
         let mut record = OutgoingRecord {
             value: Some(value),

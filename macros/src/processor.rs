@@ -105,6 +105,10 @@ pub(crate) fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
                     &[#(#outputs),*]
                 }
 
+                fn version(&self) -> ::onceflow::__private::Option<&str> {
+                    ::core::option_env!("CARGO_PKG_VERSION")
+                }
+
                 async fn process(
                     &mut self,
                     input: #input_type,

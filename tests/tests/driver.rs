@@ -298,9 +298,12 @@ impl Packed {
 async fn a_processor_reads_and_writes_the_codec_it_chooses() {
     use onceflow::Codec;
     let mut driver = TestDriver::new(Packed);
-    for event in amounts(0, 3, 1) {
-        let bytes = MsgPack.encode(&event).expect("msgpack");
-        driver.pipe_record(OutgoingRecord::keyed(event.key.clone(), bytes));
+    let events = amounts(0, 3, 1);
+    let bytes = MsgPack.encode(&events[0]).expect("msgpack");
+    driver.pipe_record(OutgoingRecord::keyed(events[0].key.clone(), bytes));
+    // The same, by the driver: keyed by the event's key, encoded with the codec.
+    for event in &events[1..] {
+        driver.pipe_with(&MsgPack, event).expect("pipe_with");
     }
     // JSON is not what this processor reads: a decode failure, dead-lettered.
     driver.pipe_record(keyed(&amounts(3, 1, 1)[0]));

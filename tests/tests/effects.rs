@@ -290,3 +290,95 @@ async fn an_effect_that_never_resolves_is_dead_lettered_with_the_reason() -> Tes
     assert_eq!(recorded.len(), events.len() - 1);
     Ok(())
 }
+
+/// `run_with_effects` with its default role `all` on a group that never ran: the
+/// processor creates the effects topic at its start, so the executor beside it in the
+/// same process must not wait for that topic before the processor runs (it did: 120 s of
+/// "waiting for the effects topic", then exit 2). Every event is charged once and a
+/// SIGTERM stops both cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_all_runs_the_processor_and_its_executor_in_one_process_on_a_fresh_group() -> TestResult
+{
+    use tokio::process::Command;
+    let op = Operator::new("effects-all", 2).await?;
+    let events = sum::amounts(0, 40, 8);
+    sum::produce(op.kafka, &op.input, &events).await?;
+    let service = PaymentService::start(Behaviour {
+        honours_keys: true,
+        ..Behaviour::default()
+    })
+    .await;
+    let log = op.state.path().join("charge_service.log");
+    let file = std::fs::File::create(&log)?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_charge_service"))
+        .args([
+            "--brokers",
+            op.kafka.bootstrap_servers(),
+            "--group",
+            &op.group,
+            "--instance-id",
+            "all-0",
+            "--input",
+            &op.input,
+            "--outputs",
+            &op.output,
+            "--state-dir",
+            op.state.path().to_str().expect("utf-8"),
+            "--metrics-address",
+            "off",
+            "--kafka",
+            "session.timeout.ms=6000",
+        ])
+        .env("CHARGE_URL", &service.url)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()?;
+    let keys: BTreeSet<String> = events.iter().map(|e| charge_key(&op.group, e)).collect();
+    // Well inside the executor's 120 s wait for the topic: a start that waits it out fails.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let charged = service.seen(|seen| seen.applied.len());
+        if charged >= keys.len() {
+            break;
+        }
+        if let Some(status) = child.try_wait()? {
+            panic!(
+                "exited with {status} after {charged} of {} charges; log:\n{}",
+                keys.len(),
+                std::fs::read_to_string(&log)?
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{charged} of {} charges within 60 s; log:\n{}",
+            keys.len(),
+            std::fs::read_to_string(&log)?
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pid = child.id().expect("running").to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await?
+            .success()
+    );
+    let status = tokio::time::timeout(WITHIN, child.wait()).await??;
+    assert!(
+        status.success(),
+        "SIGTERM: {status}; log:\n{}",
+        std::fs::read_to_string(&log)?
+    );
+    service.seen(|seen| {
+        assert_eq!(seen.applied.keys().cloned().collect::<BTreeSet<_>>(), keys);
+        assert!(
+            seen.applied.values().all(|n| *n == 1),
+            "a key charged twice"
+        );
+    });
+    Ok(())
+}

@@ -345,6 +345,57 @@ async fn dlq_replay_re_publishes_to_the_source_partition() -> TestResult {
     Ok(())
 }
 
+/// `dlq replay` dropped every `onceflow-*` header of the dead-lettered record, the event
+/// ID header (`onceflow-event-id`, the default `event_id_header`) among them: the
+/// replayed record lost its ID, was processed without a dedup entry, and a later copy of
+/// the same event from upstream was processed a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_dead_letter_keeps_its_event_id_so_a_later_copy_is_a_duplicate() -> TestResult {
+    let s = setup("holes-dlq-event-id", 1).await?;
+    // The ID only in the header: the event's own is empty, which is no ID.
+    let record = |behaviour: Behaviour| {
+        let order = Order {
+            id: String::new(),
+            key: "k".into(),
+            behaviour,
+        };
+        OutgoingRecord::keyed("k", serde_json::to_vec(&order).expect("json"))
+            .header("onceflow-event-id", "payment-1")
+    };
+    s.kafka
+        .produce(&s.input, [record(Behaviour::Permanent)])
+        .await?;
+    let before = run_to_end(&s, s.config("a"), Picky::new(&s.output)).await?;
+    assert_eq!(before.dead_lettered, 1);
+
+    let replay = onceflow::DeadLetterReplay::new(&s.config("a"))
+        .run()
+        .await?;
+    assert_eq!(replay.replayed, 1);
+    let input = s
+        .kafka
+        .read_to_end(&s.input, Isolation::ReadCommitted)
+        .await?;
+    let replayed = input
+        .iter()
+        .find(|r| r.header("onceflow-replayed-from").is_some())
+        .expect("the replayed record");
+    assert_eq!(
+        replayed.header("onceflow-event-id"),
+        Some(&b"payment-1"[..]),
+        "the replayed record lost its event ID"
+    );
+    // The same event again from upstream, after the replay: a duplicate of the replayed one.
+    s.kafka.produce(&s.input, [record(Behaviour::Fine)]).await?;
+    let after = run_to_end(&s, s.config("a"), Picky::fixed(&s.output)).await?;
+    assert_eq!(
+        (after.outputs, after.duplicates_skipped),
+        (1, 1),
+        "the replayed record and the later copy of the same event"
+    );
+    Ok(())
+}
+
 /// Item 11. A changelog that is not compacted would delete dedup entries and state still
 /// in use: refused at start, with the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,7 @@
 //! The engine: consume, transform and produce, one Kafka transaction per batch.
 //!
-//! The guarantee (DESIGN.md §1), for every input record R of an operator:
+//! The guarantee (the guide's `docs/src/guarantee.md`), for every input record R of an
+//! operator:
 //! 1. **Effects once.** R's outputs, state changes and dead letter become visible to
 //!    `read_committed` readers exactly once, atomically with the commit of R's offset;
 //!    aborted work is never visible.
@@ -61,7 +62,7 @@ mod changelog;
 mod commit;
 #[cfg(feature = "testing")]
 pub(crate) mod crash;
-mod dead_letters;
+pub(crate) mod dead_letters;
 #[cfg(feature = "testing")]
 pub(crate) mod drive;
 #[cfg(any(test, feature = "testing"))]
@@ -82,6 +83,14 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 pub use stats::{Phase, Shutdown, Stats, StatsSnapshot};
+
+/// The processor's topics checked and its own ones created, as its start does: for a
+/// runner that starts an effect executor beside the processor, which needs the effects
+/// topic the processor's start would create.
+#[cfg(feature = "runner")]
+pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig) -> Result<i32> {
+    startup::check_topics(options, config).await
+}
 
 use crate::Result;
 use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};

@@ -23,7 +23,7 @@ use std::panic::AssertUnwindSafe;
 use futures_util::FutureExt;
 
 use crate::engine::batch::{Batch, Part, merge};
-use crate::engine::dead_letters::FailureClass;
+use crate::engine::dead_letters::{DLQ_TIMER, FailureClass};
 use crate::engine::record::Rules;
 use crate::engine::seams::{Sink, Source};
 use crate::kafka;
@@ -276,10 +276,7 @@ fn timer_record(input: &str, timer: &Timer) -> kafka::Record {
         offset: -1,
         key: Some(timer.key.clone().into_bytes()),
         value: Some(value.to_string().into_bytes()),
-        headers: vec![(
-            "onceflow-timer".to_owned(),
-            Some(timer.key.clone().into_bytes()),
-        )],
+        headers: vec![(DLQ_TIMER.to_owned(), Some(timer.key.clone().into_bytes()))],
         timestamp_ms: Some(timer.due_ms),
     }
 }

@@ -24,9 +24,29 @@ pub(crate) struct ReplayPlan {
     pub(crate) timeout: Duration,
 }
 
+/// The headers dead-lettering adds to a record, and an earlier replay's mark: dropped when
+/// the record is re-published. Every other header is the original record's and goes with
+/// it, the event ID header (`onceflow-event-id`) above all: dropping it (as every
+/// `onceflow-*` header once was) made the re-published record one without an ID, processed
+/// without a dedup entry, so a later copy of the same event was processed again.
+pub(crate) const DEAD_LETTER_HEADERS: &[&str] = &[
+    "onceflow-error-class",
+    "onceflow-error-message",
+    "onceflow-source-topic",
+    "onceflow-source-partition",
+    "onceflow-source-offset",
+    "onceflow-source-timestamp",
+    "onceflow-processor",
+    "onceflow-attempts",
+    "onceflow-dead-lettered-at",
+    "onceflow-value-omitted",
+    "onceflow-timer",
+    "onceflow-replayed-from",
+];
+
 /// Reads the dead-letter topic from the replay group's committed offsets to its end and
-/// re-publishes the records that match, with their original key, value and headers (the
-/// `onceflow-*` ones dropped, `onceflow-replayed-from` added). Each batch's records and the
+/// re-publishes the records that match, with their original key, value and headers (those
+/// dead-lettering added dropped, `onceflow-replayed-from` added). Each batch's records and the
 /// group's offsets commit in one transaction, so a replay that is interrupted and run again
 /// re-publishes nothing twice. Blocking. Returns (re-published, passed over).
 pub(crate) fn replay_dead_letters(
@@ -156,7 +176,10 @@ pub(crate) fn replay_dead_letters(
             .and_then(|p| p.parse::<i32>().ok());
             let mut headers = OwnedHeaders::new();
             if let Some(original) = message.headers() {
-                for h in original.iter().filter(|h| !h.key.starts_with("onceflow-")) {
+                for h in original
+                    .iter()
+                    .filter(|h| !DEAD_LETTER_HEADERS.contains(&h.key))
+                {
                     headers = headers.insert(Header {
                         key: h.key,
                         value: h.value,

@@ -11,12 +11,13 @@
 //!        └─ dlq replay ───► re-publish dead letters, exactly once
 //! ```
 //!
-//! Exit codes: 0 stopped as asked (or a subcommand succeeded), 1 failed, 2 bad usage or
-//! configuration (nothing was started), 3 fenced by another instance with the same
-//! instance ID, 130 a second signal while stopping.
+//! Exit codes: [`EXIT_CODES`], listed by `--help` and the reference page
+//! (`docs/src/reference/exit-codes.md`).
 
 mod commands;
 mod endpoint;
+#[cfg(test)]
+mod reference;
 mod settings;
 
 use std::collections::BTreeMap;
@@ -33,10 +34,71 @@ use crate::engine::Shutdown;
 use crate::processor::Processor;
 use settings::{LogFormat, Role, Settings};
 
+/// Exit code of a failure: an engine stopped on an error, or a subcommand failed.
+const EXIT_FAILED: u8 = 1;
 /// Exit code of a bad command line or configuration.
 const EXIT_USAGE: u8 = 2;
 /// Exit code of an instance fenced by a newer one.
 const EXIT_FENCED: u8 = 3;
+/// Exit code of a second signal while stopping: 128 + SIGINT, as a shell reports it.
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// An exit code of the process, and when it is given.
+pub(crate) struct Exit {
+    /// The code.
+    pub(crate) code: u8,
+    /// When the process exits with it, in Markdown (code in backquotes).
+    pub(crate) meaning: &'static str,
+}
+
+/// Every exit code of a runner binary: `--help` lists them, and so does the reference
+/// page (`docs/src/reference/exit-codes.md`).
+pub(crate) const EXIT_CODES: &[Exit] = &[
+    Exit {
+        code: 0,
+        meaning: "Stopped as asked: the first SIGINT or SIGTERM finished and committed the open \
+                  batch and left the group. Also a subcommand (`verify-config`, `inspect`, \
+                  `dlq replay`) that succeeded, and `--help` or `--version`.",
+    },
+    Exit {
+        code: EXIT_FAILED,
+        meaning: "Failed: the processor or the effect executor stopped on an error (a refused \
+                  credential, a missing ACL, a state directory refused at start, a changelog \
+                  behind the group's offsets, `on_error = stop`, ...), or a subcommand failed. \
+                  The error is on stderr and in the log. With two engines in one process \
+                  (`role = all`), one stopping on an error stops the other.",
+    },
+    Exit {
+        code: EXIT_USAGE,
+        meaning: "Bad command line or configuration: every problem is printed, and nothing was \
+                  started. Also a `metrics_address` that cannot be listened on.",
+    },
+    Exit {
+        code: EXIT_FENCED,
+        meaning: "Fenced: another instance with the same group and instance ID started, so \
+                  this one stopped without committing its open batch. Give every running \
+                  instance its own `instance_id`.",
+    },
+    Exit {
+        code: EXIT_INTERRUPTED,
+        meaning: "A second SIGINT or SIGTERM while stopping: the process exits at once. The \
+                  open batch is not committed (the broker aborts its transaction) and is \
+                  processed again by whoever gets the partition.",
+    },
+];
+
+/// The exit codes as `--help` ends with them.
+fn exit_codes_help() -> String {
+    let mut help = String::from("Exit codes:\n");
+    for exit in EXIT_CODES {
+        help.push_str(&format!(
+            "  {:<5}{}\n",
+            exit.code,
+            settings::plain(exit.meaning)
+        ));
+    }
+    help
+}
 
 /// Runs `processor` as a service: parses the command line, the `ONCEFLOW_*` environment
 /// and the `--config` file, then consumes, processes and commits until SIGINT or SIGTERM
@@ -146,7 +208,15 @@ where
     T: Into<OsString> + Clone,
 {
     let declared = settings::declared(&processor);
-    let matches = match command(&declared.name).try_get_matches_from(args) {
+    let version = format!(
+        "{} (onceflow {})",
+        processor.version().unwrap_or("(version unknown)"),
+        env!("CARGO_PKG_VERSION")
+    );
+    let matches = match command(&declared.name)
+        .version(version.clone())
+        .try_get_matches_from(args)
+    {
         Ok(matches) => matches,
         Err(error) => {
             // --help and --version print to stdout and succeed; the rest is misuse.
@@ -177,6 +247,7 @@ where
         }
     };
     init_logging(&settings);
+    tracing::info!(processor = %declared.name, %version, "onceflow runner");
 
     let outcome = match matches.subcommand() {
         Some(("verify-config", _)) => commands::verify_config(&settings),
@@ -191,7 +262,7 @@ where
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");
-            ExitCode::FAILURE
+            ExitCode::from(EXIT_FAILED)
         }
     }
 }
@@ -204,6 +275,7 @@ fn command(name: &str) -> Command {
              Settings come from flags, then ONCEFLOW_* variables, then the --config file, then the defaults."
         ))
         .args(settings::arguments())
+        .after_long_help(exit_codes_help())
         .subcommand(Command::new("run").about("Consume, process and commit until stopped (the default)"))
         .subcommand(Command::new("verify-config").about(
             "Check the configuration without connecting, and print every setting with where it came from",
@@ -296,6 +368,17 @@ async fn serve<P: Processor, E: Effect>(
     let executor = match (effect, settings.role) {
         (Some(effect), Role::Effects | Role::All) => {
             let started = async {
+                if processor_engine.is_some() {
+                    // The processor creates the effects topic when it starts, and it starts
+                    // after this: on a group that never ran, the executor would wait out
+                    // its bound for a topic nobody creates yet. Make the processor's
+                    // topics first (what its start would do; it finds them there).
+                    let options = crate::kafka::ClientOptions::with_properties(
+                        &settings.engine.bootstrap_servers,
+                        &settings.engine.kafka_properties,
+                    );
+                    crate::engine::check_topics(&options, &settings.engine).await?;
+                }
                 let config = crate::effects::executor_config(
                     &settings.engine,
                     &settings.engine.instance_id,
@@ -309,7 +392,7 @@ async fn serve<P: Processor, E: Effect>(
                     return ExitCode::from(if matches!(error, Error::Config { .. }) {
                         EXIT_USAGE
                     } else {
-                        1
+                        EXIT_FAILED
                     });
                 }
             }
@@ -373,7 +456,7 @@ async fn serve<P: Processor, E: Effect>(
                 tracing::error!(engine = what, %error, "stopped on an error");
                 eprintln!("error: the {what}: {error}");
                 if code == ExitCode::SUCCESS {
-                    code = ExitCode::FAILURE;
+                    code = ExitCode::from(EXIT_FAILED);
                 }
             }
         }
@@ -394,7 +477,7 @@ async fn stop_on_signals(shutdowns: Vec<Shutdown>) {
                 if tokio::signal::ctrl_c().await.is_ok() {
                     stop();
                     if tokio::signal::ctrl_c().await.is_ok() {
-                        std::process::exit(130);
+                        std::process::exit(i32::from(EXIT_INTERRUPTED));
                     }
                 }
                 return;
@@ -413,7 +496,7 @@ async fn stop_on_signals(shutdowns: Vec<Shutdown>) {
     eprintln!(
         "second signal: exiting now; the open batch is not committed and will be processed again"
     );
-    std::process::exit(130);
+    std::process::exit(i32::from(EXIT_INTERRUPTED));
 }
 
 #[cfg(test)]

@@ -4,9 +4,8 @@ use std::time::Duration;
 
 use clap::Command;
 
-use super::table::{Derived, instance_id_from};
+use super::table::instance_id_from;
 use super::*;
-use crate::config::GroupTopic;
 
 fn command() -> Command {
     Command::new("test").args(arguments())
@@ -428,56 +427,6 @@ fn help_shows_derived_defaults_from_where_they_are_derived() {
         "Consumer group, one per operator [default: the processor's name]",
     ] {
         assert!(help.contains(shown), "{shown} missing:\n{help}");
-    }
-}
-
-/// The settings table of the README: each row's keys (backticked, first cell) with the
-/// backticked defaults of its second cell, in the same order.
-fn readme_settings() -> Vec<(String, Option<String>)> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
-    let readme = std::fs::read_to_string(path).expect("the README");
-    let backticked = |cell: &str| -> Vec<String> {
-        cell.split('`')
-            .skip(1)
-            .step_by(2)
-            .map(str::to_owned)
-            .collect()
-    };
-    readme
-        .lines()
-        .skip_while(|line| !line.starts_with("| setting (`--flag`"))
-        .skip(2)
-        .take_while(|line| line.starts_with('|'))
-        .flat_map(|line| {
-            let cells: Vec<&str> = line.split(" | ").collect();
-            let defaults = backticked(cells[1]);
-            backticked(cells[0])
-                .into_iter()
-                .enumerate()
-                .map(move |(i, key)| (key, defaults.get(i).cloned()))
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
-#[test]
-fn the_readme_lists_every_setting_with_the_default_the_code_renders() {
-    let readme = readme_settings();
-    let start = Settings::start();
-    for s in SETTINGS {
-        let expected = match s.default {
-            Fallback::Value(render) => Some(render(&start)),
-            Fallback::Derived(Derived::GroupTopic(topic)) => Some(topic.pattern().to_owned()),
-            Fallback::Derived(Derived::EffectsTopic) => {
-                Some(GroupTopic::Effects.pattern().to_owned())
-            }
-            Fallback::Derived(_) | Fallback::Unset(_) => None,
-        };
-        let listed = readme
-            .iter()
-            .find(|(key, _)| key == s.key)
-            .unwrap_or_else(|| panic!("the README's settings table has no `{}`", s.key));
-        assert_eq!(listed.1, expected, "the README's default of `{}`", s.key);
     }
 }
 
