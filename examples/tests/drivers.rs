@@ -17,6 +17,10 @@ mod billing;
 mod fraud_check;
 
 #[allow(dead_code, unreachable_pub)]
+#[path = "../examples/payments.rs"]
+mod payments;
+
+#[allow(dead_code, unreachable_pub)]
 #[path = "../examples/shop/domain.rs"]
 mod shop_domain;
 
