@@ -95,3 +95,32 @@ pub mod __private {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+/// The guide's code compiles (`cargo test --doc`): every Rust block of a page is a
+/// doctest. A page whose code is included from a compiled file instead (mdBook's
+/// `{{#include}}`, as the tutorial's from `examples/`) is left out here;
+/// `.ci/check-docs` checks that every page is one or the other.
+#[cfg(doctest)]
+mod guide {
+    macro_rules! pages {
+        ($($name:ident = $path:literal),* $(,)?) => {
+            $(
+                #[doc = include_str!(concat!("../../docs/src/", $path))]
+                struct $name;
+            )*
+        };
+    }
+    pages! {
+        Processors = "processors.md",
+        Testing = "testing.md",
+        KafkaStreams = "kafka-streams.md",
+        Running = "running.md",
+        Security = "security.md",
+        Operations = "operations.md",
+        Failures = "failures.md",
+        Timers = "timers.md",
+        Effects = "effects.md",
+        Guarantee = "guarantee.md",
+        Design = "design.md",
+    }
+}

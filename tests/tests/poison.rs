@@ -1,5 +1,5 @@
 //! Bad input never stops or loses anything: every input is processed, skipped as a
-//! duplicate, or dead-lettered exactly once with its reason (DESIGN.md §1, point 3).
+//! duplicate, or dead-lettered exactly once with its reason (the guide's "The guarantee", point 3).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Changelog replay against the real broker when the changelog is not "clean": another
 //! producer's transaction left open on it (a killed previous owner with another instance
 //! ID, a zombie). Replay must end at the group's stable committed offset, never at the
-//! last stable offset an open transaction holds back (DESIGN.md §3).
+//! last stable offset an open transaction holds back (the guide's "Design").
 
 use std::time::{Duration, Instant};
 

@@ -359,7 +359,8 @@ pub(super) fn single_node(image: &str, label: &str) -> ContainerRequest<GenericI
         .with_env_var("KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093")
         .with_env_var("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1")
         .with_env_var("KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS", "4")
-        // Transactions on a single broker need both of these at 1 (DESIGN.md §6).
+        // Transactions on a single broker need both of these at 1: the transaction state log
+        // cannot be created with more replicas than brokers.
         .with_env_var("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
         .with_env_var("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
         .with_env_var("KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS", "4")
