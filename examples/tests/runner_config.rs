@@ -230,3 +230,13 @@ fn version_names_the_program_and_onceflow() {
         )
     );
 }
+
+/// A binary made with `onceflow::run` takes no application settings: one given is a
+/// configuration problem (exit 2) that says how to read them, not something ignored.
+#[test]
+fn an_application_setting_given_to_a_binary_that_takes_none_is_refused() {
+    let (code, _, err) = verify(&["--app", "limit=3"], &[("ONCEFLOW_APP_REGION", "eu")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("takes no application settings"), "{err}");
+    assert!(err.contains("run_with_settings"), "{err}");
+}

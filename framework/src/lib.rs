@@ -67,7 +67,10 @@ pub use event::{Codec, Event, EventId, Json};
 pub use onceflow_macros::{Event, Processor};
 pub use processor::{Context, OutputRecord, Processor, RecordMeta, State, Topic};
 #[cfg(feature = "runner")]
-pub use runner::{run, run_with_args, run_with_effects, run_with_effects_and_args};
+pub use runner::{
+    run, run_with_args, run_with_effects, run_with_effects_and_args, run_with_effects_and_settings,
+    run_with_settings, run_with_settings_and_args,
+};
 pub use timers::{Timer, TimerClock};
 
 /// The transaction log's hot path for the benchmark crate (feature `bench-internals`).

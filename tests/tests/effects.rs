@@ -295,7 +295,8 @@ async fn an_effect_that_never_resolves_is_dead_lettered_with_the_reason() -> Tes
 /// processor creates the effects topic at its start, so the executor beside it in the
 /// same process must not wait for that topic before the processor runs (it did: 120 s of
 /// "waiting for the effects topic", then exit 2). Every event is charged once and a
-/// SIGTERM stops both cleanly.
+/// SIGTERM stops both cleanly. The payment service's address is an application setting,
+/// given as `--app payment_url=…`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn role_all_runs_the_processor_and_its_executor_in_one_process_on_a_fresh_group() -> TestResult
 {
@@ -328,8 +329,10 @@ async fn role_all_runs_the_processor_and_its_executor_in_one_process_on_a_fresh_
             "off",
             "--kafka",
             "session.timeout.ms=6000",
+            // An application setting (`onceflow::run_with_effects_and_settings`).
+            "--app",
+            &format!("payment_url={}", service.url),
         ])
-        .env("CHARGE_URL", &service.url)
         .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())
         .stdout(file.try_clone()?)

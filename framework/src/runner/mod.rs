@@ -177,6 +177,105 @@ where
     run_service(processor, Some(effect), args).await
 }
 
+/// [`run`] for a processor built from the application's own settings: `make` gets them
+/// as `S`, read from the `[app]` table of the `--config` file, `ONCEFLOW_APP_<KEY>`
+/// variables and `--app key=value` flags (each over the one before), through serde, so
+/// they are checked with onceflow's own before anything connects (a problem exits 2) and
+/// `verify-config` shows them with where each came from.
+///
+/// ```no_run
+/// # use onceflow::{Context, Event, Processor, Result};
+/// # #[derive(Event, serde::Deserialize)]
+/// # struct Payment { #[event(id)] id: String, account: String, cents: i64 }
+/// #[derive(serde::Deserialize)]
+/// struct Limits {
+///     daily_limit_cents: i64,
+/// }
+///
+/// #[derive(Processor)]
+/// #[processor(name = "payments", input = "payments", input_type = Payment, outputs = ["approved"])]
+/// struct Payments {
+///     limit: i64,
+/// }
+/// # impl Payments {
+/// #     async fn handle(&mut self, p: Payment, ctx: &mut Context<'_>) -> Result<()> {
+/// #         if p.cents <= self.limit { ctx.emit(Self::APPROVED, &p.account, &p.id)?; }
+/// #         Ok(())
+/// #     }
+/// # }
+///
+/// #[tokio::main]
+/// async fn main() -> std::process::ExitCode {
+///     // payments --app daily_limit_cents=50000, ONCEFLOW_APP_DAILY_LIMIT_CENTS=50000,
+///     // or daily_limit_cents = 50000 under [app] in the --config file
+///     onceflow::run_with_settings(|limits: Limits| Payments { limit: limits.daily_limit_cents })
+///         .await
+/// }
+/// ```
+///
+/// The binary's name in `--help` is its file's; `--version` shows onceflow's (the
+/// processor, and so its version, exists only once the settings are read).
+pub async fn run_with_settings<S, P>(make: impl FnOnce(S) -> P + 'static) -> ExitCode
+where
+    S: serde::de::DeserializeOwned,
+    P: Processor,
+{
+    run_with_settings_and_args(make, std::env::args_os()).await
+}
+
+/// [`run_with_settings`] with the given command line (the first item is the program name).
+pub async fn run_with_settings_and_args<S, P, I, T>(
+    make: impl FnOnce(S) -> P + 'static,
+    args: I,
+) -> ExitCode
+where
+    S: serde::de::DeserializeOwned,
+    P: Processor,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let make: Make<P, NoEffect> = Box::new(move |app| Ok((make(app_settings(app)?), None)));
+    run_built(program_name(&args), None, make, args).await
+}
+
+/// [`run_with_effects`] for a processor and an effect built from the application's own
+/// settings (as [`run_with_settings`] reads them): a payment API's address, say.
+pub async fn run_with_effects_and_settings<S, P, E>(
+    make: impl FnOnce(S) -> (P, E) + 'static,
+) -> ExitCode
+where
+    S: serde::de::DeserializeOwned,
+    P: Processor,
+    E: Effect,
+{
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let make: Make<P, E> = Box::new(move |app| {
+        let (processor, effect) = make(app_settings(app)?);
+        Ok((processor, Some(effect)))
+    });
+    run_built(program_name(&args), None, make, args).await
+}
+
+/// The application's settings as `S`, or why not.
+fn app_settings<S: serde::de::DeserializeOwned>(app: toml::Table) -> Result<S, String> {
+    S::deserialize(toml::Value::Table(app)).map_err(|error| {
+        format!(
+            "the application's settings ([app], ONCEFLOW_APP_*, --app): {}",
+            error.to_string().trim()
+        )
+    })
+}
+
+/// The program's file name, for `--help`, when no processor names the binary yet.
+fn program_name(args: &[OsString]) -> String {
+    args.first()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "onceflow".into())
+}
+
 /// [`run`] with the given command line (the first item is the program name).
 pub async fn run_with_args<P, I, T>(processor: P, args: I) -> ExitCode
 where
@@ -200,6 +299,9 @@ impl Effect for NoEffect {
     }
 }
 
+/// A binary's processor (and effect): given, or built from the application's settings.
+type Make<P, E> = Box<dyn FnOnce(toml::Table) -> Result<(P, Option<E>), String>>;
+
 async fn run_service<P, E, I, T>(processor: P, effect: Option<E>, args: I) -> ExitCode
 where
     P: Processor,
@@ -207,13 +309,42 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let declared = settings::declared(&processor);
+    let name = processor.name().to_owned();
+    let version = processor.version().map(str::to_owned);
+    let make: Make<P, E> = Box::new(move |app: toml::Table| {
+        if app.is_empty() {
+            Ok((processor, effect))
+        } else {
+            let keys: Vec<&String> = app.keys().collect();
+            Err(format!(
+                "this binary takes no application settings (given: {keys:?}); build it with \
+                 onceflow::run_with_settings to read them"
+            ))
+        }
+    });
+    run_built(name, version, make, args).await
+}
+
+/// The service: the command line, the application's settings and the processor built
+/// from them, then onceflow's settings, the subcommands or the engines.
+async fn run_built<P, E, I, T>(
+    name: String,
+    version: Option<String>,
+    make: Make<P, E>,
+    args: I,
+) -> ExitCode
+where
+    P: Processor,
+    E: Effect,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
     let version = format!(
         "{} (onceflow {})",
-        processor.version().unwrap_or("(version unknown)"),
+        version.as_deref().unwrap_or("(version unknown)"),
         env!("CARGO_PKG_VERSION")
     );
-    let matches = match command(&declared.name)
+    let matches = match command(&name)
         .version(version.clone())
         .try_get_matches_from(args)
     {
@@ -230,22 +361,42 @@ where
     };
     let env: BTreeMap<String, String> = std::env::vars().collect();
     let host = gethostname::gethostname().to_string_lossy().into_owned();
-    let settings = settings::resolve(&matches, &env, &declared, &host)
-        .and_then(|settings| with_executor(settings, effect.is_some()));
-    let settings = match settings {
-        Ok(settings) => settings,
-        Err(problems) => {
-            for problem in &problems {
-                eprintln!("error: {problem}");
-            }
-            eprintln!(
-                "{}: {} configuration problem(s); nothing was started (see --help)",
-                declared.name,
-                problems.len()
-            );
-            return ExitCode::from(EXIT_USAGE);
+    let refused = |problems: Vec<Error>| {
+        for problem in &problems {
+            eprintln!("error: {problem}");
+        }
+        eprintln!(
+            "{name}: {} configuration problem(s); nothing was started (see --help)",
+            problems.len()
+        );
+        ExitCode::from(EXIT_USAGE)
+    };
+    let (app, app_shown) = match settings::app(&matches, &env) {
+        Ok(app) => app,
+        Err(problems) => return refused(problems),
+    };
+    let (processor, effect) = match make(app) {
+        Ok(parts) => parts,
+        Err(accepted) => {
+            return refused(vec![Error::Config {
+                key: "app".into(),
+                value: app_shown
+                    .iter()
+                    .map(|(key, value, _)| format!("{key} = {value}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                accepted,
+            }]);
         }
     };
+    let declared = settings::declared(&processor);
+    let settings = settings::resolve(&matches, &env, &declared, &host)
+        .and_then(|settings| with_executor(settings, effect.is_some()));
+    let mut settings = match settings {
+        Ok(settings) => settings,
+        Err(problems) => return refused(problems),
+    };
+    settings.resolved.extend(app_shown);
     init_logging(&settings);
     tracing::info!(processor = %declared.name, %version, "onceflow runner");
 

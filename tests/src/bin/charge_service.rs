@@ -1,13 +1,23 @@
-//! The [`Sum`](onceflow_e2e::sum::Sum) processor charging a card per event, with its
-//! effect executor, as one service binary built with `onceflow::run_with_effects`: the
-//! role `all` (the default) runs both in one process, `--role processor` or `--role
-//! effects` one of them. Charges go to the payment service at `CHARGE_URL`; the output
-//! topic is the first of `--outputs`.
+//! The `Sum` processor charging a card per event, with its
+//! effect executor, as one service binary built with
+//! `onceflow::run_with_effects_and_settings`: the role `all` (the default) runs both in
+//! one process, `--role processor` or `--role effects` one of them. The payment
+//! service's address is an application setting (`--app payment_url=…`,
+//! `ONCEFLOW_APP_PAYMENT_URL` or `payment_url` under `[app]`); the output topic is the
+//! first of `--outputs`.
 
 use std::process::ExitCode;
 
 use onceflow_e2e::effects::HttpCharge;
 use onceflow_e2e::sum::Sum;
+
+/// The application's own settings.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Charging {
+    /// Where the payment service listens.
+    payment_url: String,
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -17,9 +27,11 @@ async fn main() -> ExitCode {
         .find(|pair| pair[0] == "--outputs")
         .map(|pair| pair[1].clone())
         .unwrap_or_default();
-    let Ok(url) = std::env::var("CHARGE_URL") else {
-        eprintln!("charge_service: set CHARGE_URL to the payment service");
-        return ExitCode::from(2);
-    };
-    onceflow::run_with_effects(Sum::charging(output), HttpCharge::new(url, false)).await
+    onceflow::run_with_effects_and_settings(move |app: Charging| {
+        (
+            Sum::charging(output),
+            HttpCharge::new(app.payment_url, false),
+        )
+    })
+    .await
 }

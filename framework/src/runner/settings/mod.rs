@@ -200,6 +200,16 @@ const KAFKA_DOC: &str = "Also `ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SSL` (`_` for `.
      (`enable.partition.eof=true`, `enable.idempotence=false`, `acks=0` or `1`) are refused \
      at start, each with the reason.";
 
+/// `--app`'s one-line help.
+pub(crate) const APP_HELP: &str =
+    "A setting of the application's own (binaries made with onceflow::run_with_settings)";
+
+/// What else `--app` takes.
+pub(crate) const APP_DOC: &str = "Also `ONCEFLOW_APP_<KEY>` variables and an `[app]` table \
+     in the file, each flag over its variable over the file. A value is read as TOML when it \
+     is one (`42`, `true`, `\"text\"`), else as a string. The application's type says which \
+     keys it takes; `verify-config` shows each with where it came from (secrets redacted).";
+
 /// Markdown as a terminal shows it: without the backquotes.
 pub(crate) fn plain(markdown: &str) -> String {
     markdown.replace('`', "")
@@ -232,6 +242,15 @@ pub(crate) fn arguments() -> Vec<Arg> {
             .help(KAFKA_HELP)
             .long_help(long_help(KAFKA_HELP.into(), KAFKA_DOC)),
     ];
+    args.push(
+        Arg::new("app")
+            .long("app")
+            .value_name("KEY=VALUE")
+            .action(ArgAction::Append)
+            .global(true)
+            .help(APP_HELP)
+            .long_help(long_help(APP_HELP.into(), APP_DOC)),
+    );
     let start = Settings::start();
     for s in SETTINGS {
         let mut arg = Arg::new(s.key)
@@ -258,6 +277,28 @@ pub(crate) fn arguments() -> Vec<Arg> {
 /// Reads the settings `matches` (from a command built with [`arguments`]) and the file
 /// it names, and checks them. `env` is the process environment (for the Kafka
 /// pass-through variables); `host` the host name.
+/// Each setting's key, its value as shown, and where it came from.
+pub(crate) type Shown = Vec<(String, String, Source)>;
+
+/// The application's own settings as a table, and per key the value shown and where it
+/// came from (see [`sources::app_settings`]).
+pub(crate) fn app(
+    matches: &ArgMatches,
+    env: &BTreeMap<String, String>,
+) -> Result<(toml::Table, Shown), Vec<Error>> {
+    let file = match matches.get_one::<PathBuf>("config") {
+        Some(path) => Some(sources::read_file(path).map_err(|e| vec![e])?),
+        None => None,
+    };
+    let mut problems = Vec::new();
+    let app = sources::app_settings(matches, env, file.as_ref(), &mut problems);
+    if problems.is_empty() {
+        Ok(app)
+    } else {
+        Err(problems)
+    }
+}
+
 pub(crate) fn resolve(
     matches: &ArgMatches,
     env: &BTreeMap<String, String>,
@@ -432,6 +473,14 @@ pub(crate) fn documented() -> Vec<Documented> {
         default: "librdkafka's, but for the engine's own (below)".into(),
         help: KAFKA_HELP,
         doc: KAFKA_DOC,
+    });
+    rows.push(Documented {
+        key: "`[app]` table".into(),
+        flag: format!("{} (repeatable)", flag(arg("app"))),
+        variable: "`ONCEFLOW_APP_<KEY>`".into(),
+        default: "none".into(),
+        help: APP_HELP,
+        doc: APP_DOC,
     });
     rows
 }

@@ -36,7 +36,10 @@ pub(super) fn read_file(path: &Path) -> Result<File, Error> {
     })?;
     let unknown: Vec<&String> = table
         .keys()
-        .filter(|key| *key != "kafka" && !SETTINGS.iter().any(|s| s.key == key.as_str()))
+        .filter(|key| {
+            !["kafka", "app"].contains(&key.as_str())
+                && !SETTINGS.iter().any(|s| s.key == key.as_str())
+        })
         .collect();
     if let Some(key) = unknown.first() {
         let known: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
@@ -44,7 +47,7 @@ pub(super) fn read_file(path: &Path) -> Result<File, Error> {
             key: (*key).clone(),
             value: format!("(in {})", path.display()),
             accepted: format!(
-                "one of the known keys: {}, or a [kafka] table",
+                "one of the known keys: {}, or a [kafka] or [app] table",
                 known.join(", ")
             ),
         });
@@ -212,4 +215,78 @@ fn read_secret_files(
     }
     resolved.sort_by(|a, b| a.0.cmp(&b.0));
     resolved
+}
+
+/// The application's own settings (`onceflow::run_with_settings`): the file's `[app]`
+/// table, then `ONCEFLOW_APP_<KEY>` variables (`ONCEFLOW_APP_DAILY_LIMIT` is
+/// `daily_limit`), then `--app key=value` flags, each over the one before. A value from a
+/// variable or a flag is read as a TOML value when it is one (`42`, `true`, `[1, 2]`,
+/// `"text"`), else taken as the string it is. Returns the table and, per key, the value
+/// as shown (secrets redacted) and where it came from.
+pub(super) fn app_settings(
+    matches: &ArgMatches,
+    env: &BTreeMap<String, String>,
+    file: Option<&File>,
+    problems: &mut Vec<Error>,
+) -> (toml::Table, Vec<(String, String, Source)>) {
+    let mut table = toml::Table::new();
+    let mut sources: BTreeMap<String, Source> = BTreeMap::new();
+    if let Some(file) = file
+        && let Some(app) = file.table.get("app")
+    {
+        match app.as_table() {
+            Some(app) => {
+                for (key, value) in app {
+                    table.insert(key.clone(), value.clone());
+                    sources.insert(key.clone(), Source::File(file.path.clone()));
+                }
+            }
+            None => problems.push(Error::Config {
+                key: "app".into(),
+                value: app.to_string(),
+                accepted: format!("a table ([app]) in {}", file.path.display()),
+            }),
+        }
+    }
+    for (name, value) in env {
+        if let Some(key) = name.strip_prefix("ONCEFLOW_APP_")
+            && !key.is_empty()
+        {
+            let key = key.to_ascii_lowercase();
+            table.insert(key.clone(), toml_value(value));
+            sources.insert(key, Source::Environment(name.clone()));
+        }
+    }
+    for given in matches.get_many::<String>("app").into_iter().flatten() {
+        match given.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                let key = key.trim().to_owned();
+                table.insert(key.clone(), toml_value(value));
+                sources.insert(key, Source::CommandLine);
+            }
+            _ => problems.push(Error::Config {
+                key: "app".into(),
+                value: given.clone(),
+                accepted: "KEY=VALUE".into(),
+            }),
+        }
+    }
+    let shown = sources
+        .into_iter()
+        .map(|(key, source)| {
+            let value = table.get(&key).map(ToString::to_string).unwrap_or_default();
+            let value = redact::shown(&key, &value).to_owned();
+            (format!("app.{key}"), value, source)
+        })
+        .collect();
+    (table, shown)
+}
+
+/// A flag's or a variable's text as a TOML value when it is one, else as a string.
+fn toml_value(text: &str) -> toml::Value {
+    format!("value = {text}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut parsed| parsed.remove("value"))
+        .unwrap_or_else(|| toml::Value::String(text.to_owned()))
 }

@@ -440,3 +440,87 @@ fn a_replication_factor_too_large_for_kafka_is_a_problem_not_the_brokers_default
     let settings = resolve_args(&[]).expect("valid");
     assert_eq!(settings.engine.changelog_replication_factor, None);
 }
+
+/// The application's own settings: the file's `[app]` table, then `ONCEFLOW_APP_*`, then
+/// `--app`, each over the one before; flag and variable texts read as TOML values when
+/// they are one; secrets shown redacted; onceflow's settings unaffected.
+#[test]
+fn application_settings_come_from_the_file_the_variables_and_the_flags_in_that_order() {
+    let config = file(
+        "commit_interval = \"250ms\"\n\
+         [app]\n\
+         limit = 10\n\
+         currency = \"EUR\"\n\
+         api_password = \"from-file\"\n\
+         regions = [\"eu\", \"us\"]\n",
+    );
+    let matches = command()
+        .try_get_matches_from([
+            "test",
+            "--config",
+            config.path().to_str().expect("utf-8"),
+            "--app",
+            "limit=30",
+            "--app",
+            "note=plain text",
+        ])
+        .expect("parse");
+    let env = BTreeMap::from([
+        ("ONCEFLOW_APP_LIMIT".to_owned(), "20".to_owned()),
+        ("ONCEFLOW_APP_CURRENCY".to_owned(), "CHF".to_owned()),
+        ("ONCEFLOW_APP_STRICT".to_owned(), "true".to_owned()),
+    ]);
+    let (app, shown) = app(&matches, &env).expect("valid");
+    assert_eq!(
+        app["limit"].as_integer(),
+        Some(30),
+        "the flag over the variable"
+    );
+    assert_eq!(
+        app["currency"].as_str(),
+        Some("CHF"),
+        "the variable over the file"
+    );
+    assert_eq!(
+        app["strict"].as_bool(),
+        Some(true),
+        "a variable's text read as TOML"
+    );
+    assert_eq!(
+        app["note"].as_str(),
+        Some("plain text"),
+        "else taken as a string"
+    );
+    assert_eq!(app["regions"].as_array().map(Vec::len), Some(2));
+    let source = |key: &str| {
+        shown
+            .iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, value, source)| (value.clone(), source.to_string()))
+            .unwrap_or_else(|| panic!("{key} not shown: {shown:?}"))
+    };
+    assert_eq!(source("app.limit"), ("30".into(), "command line".into()));
+    assert_eq!(
+        source("app.currency"),
+        ("\"CHF\"".into(), "$ONCEFLOW_APP_CURRENCY".into())
+    );
+    assert_eq!(source("app.api_password").0, redact::REDACTED);
+    // onceflow's own settings read the same file as before.
+    let settings = resolve(&matches, &env, &declared(), "h").expect("valid");
+    assert_eq!(settings.engine.commit_interval, Duration::from_millis(250));
+}
+
+#[test]
+fn an_app_flag_without_a_value_or_an_app_key_that_is_not_a_table_is_a_problem() {
+    let matches = command()
+        .try_get_matches_from(["test", "--app", "limit"])
+        .expect("parse");
+    let problems = app(&matches, &BTreeMap::new()).expect_err("no value");
+    assert_eq!(keys_of(&problems), ["app"]);
+    let config = file("app = 3\n");
+    let matches = command()
+        .try_get_matches_from(["test", "--config", config.path().to_str().expect("utf-8")])
+        .expect("parse");
+    let problems = app(&matches, &BTreeMap::new()).expect_err("not a table");
+    assert_eq!(keys_of(&problems), ["app"]);
+}
