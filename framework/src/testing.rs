@@ -93,7 +93,9 @@ pub enum CrashPoint {
     BeforeCommit,
     /// The transaction committed; the transaction log was not updated.
     AfterCommitBeforeApply,
-    /// Replaying the changelog after a restart, between two chunks.
+    /// Replaying the changelog after a restart, between two chunks of 64 records: a
+    /// replay of one chunk or less never reaches it (pipe more than 64 records' worth of
+    /// changelog first, and check [`TestDriver::crashes`] to see that it fired).
     DuringReplay,
 }
 

@@ -90,6 +90,12 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
     onceflow_e2e::test_logs();
     let cluster: &'static Cluster = onceflow::testkit::cluster().await;
     eprintln!("three-node cluster started in {:?}", cluster.started_in);
+    // A node's log can be read: what a cluster that does not heal shows of its nodes.
+    let log = cluster.log_tail(cluster.node_ids()[0], 20).await;
+    assert!(
+        log.lines().count() >= 5 && !log.starts_with("(no log"),
+        "node 1's log: {log}"
+    );
     let op = Operator::on(cluster.kafka(), "cluster", 3).await?;
     // Reads the outputs while the faults happen.
     let watcher = Watcher::start(op.kafka, &op.output, 3);

@@ -16,7 +16,8 @@ use testcontainers::ImageExt;
 use testcontainers::bollard::Docker;
 use testcontainers::bollard::models::{NetworkConnectRequest, NetworkDisconnectRequest};
 use testcontainers::bollard::query_parameters::{
-    InspectContainerOptions, KillContainerOptions, StartContainerOptions, StopContainerOptions,
+    InspectContainerOptions, KillContainerOptions, LogsOptionsBuilder, StartContainerOptions,
+    StopContainerOptions,
 };
 use testcontainers::core::ContainerPort;
 use tokio::sync::OnceCell;
@@ -194,16 +195,26 @@ impl Cluster {
         let started = Instant::now();
         let replication = self.nodes.len().min(3).to_string();
         let mut last = String::new();
+        // Nodes the last attempt found missing from a listing: their logs say why.
+        let mut missing: Vec<i32> = Vec::new();
         while started.elapsed() < timeout {
             let attempt = async {
                 for node in &self.nodes {
                     let options = ClientOptions::new(format!("127.0.0.1:{}", node.port));
-                    let brokers =
-                        client::with_metadata(&options, None, |m| m.brokers().len()).await?;
-                    if brokers < self.nodes.len() {
+                    let listed: Vec<i32> = client::with_metadata(&options, None, |m| {
+                        m.brokers().iter().map(|b| b.id()).collect()
+                    })
+                    .await?;
+                    if listed.len() < self.nodes.len() {
+                        missing = self
+                            .node_ids()
+                            .into_iter()
+                            .filter(|id| !listed.contains(id))
+                            .collect();
                         return Err(Error::Broker(format!(
-                            "node {} lists {brokers} of {} nodes",
+                            "node {} lists {} of {} nodes ({listed:?})",
                             node.id,
+                            listed.len(),
                             self.nodes.len()
                         )));
                     }
@@ -238,8 +249,18 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        // What the nodes the others do not list were doing (a restart still recovering
+        // its logs, a registration the controller refused): the next time this happens
+        // on a loaded machine, the failure says why.
+        let mut logs = String::new();
+        for id in missing {
+            logs.push_str(&format!(
+                "\n--- node {id}'s log (last 40 lines) ---\n{}",
+                self.log_tail(id, 40).await
+            ));
+        }
         Err(Error::Broker(format!(
-            "the cluster did not become healthy within {timeout:?}: {last}"
+            "the cluster did not become healthy within {timeout:?}: {last}{logs}"
         )))
     }
 
@@ -327,6 +348,30 @@ impl Cluster {
                 .await
         })
         .await
+    }
+
+    /// The last `lines` lines node `id` wrote (its broker's log), or why there are none.
+    pub async fn log_tail(&self, id: i32, lines: usize) -> String {
+        let container = match self.container(id) {
+            Ok(container) => container,
+            Err(error) => return format!("(no log: {error})"),
+        };
+        let read = docker("read the log of", move |docker| async move {
+            use futures_util::StreamExt;
+            let options = LogsOptionsBuilder::new()
+                .stdout(true)
+                .stderr(true)
+                .tail(&lines.to_string())
+                .build();
+            let mut stream = docker.logs(&container, Some(options));
+            let mut text = String::new();
+            while let Some(chunk) = stream.next().await {
+                text.push_str(&chunk?.to_string());
+            }
+            Ok(text)
+        })
+        .await;
+        read.unwrap_or_else(|error| format!("(no log: {error})"))
     }
 
     /// Stops node `id` cleanly (SIGTERM; it moves its leaderships away) and starts it
