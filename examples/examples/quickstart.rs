@@ -5,6 +5,9 @@
 //! kills it with SIGKILL part-way, restarts it, and then checks with an independent
 //! `read_committed` reader that every order was invoiced exactly once and every
 //! customer's running total is right.
+//!
+//! With `--keep-broker` the broker it started is left running at the end, for your own
+//! processors: it prints the address and the `docker rm -f` command that removes it.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{ExitCode, Stdio};
@@ -12,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use onceflow::testkit::{self, Isolation, Kafka, OutgoingRecord};
+use onceflow::testkit::{self, Isolation, Kafka, KeptBroker, OutgoingRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -26,6 +29,8 @@ use billing::{Invoice, Order};
 const ROLE: &str = "ONCEFLOW_QUICKSTART_ROLE";
 const GROUP: &str = "billing";
 const PARTITIONS: i32 = 3;
+/// The name `--keep-broker` gives the broker's container.
+const KEPT_NAME: &str = "onceflow-quickstart-kafka";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -45,6 +50,11 @@ struct Args {
     /// Customers the orders are spread over.
     #[arg(long, default_value_t = 40)]
     customers: usize,
+    /// Leave the broker running at the end (its container named
+    /// `onceflow-quickstart-kafka`), for your own processors; prints its address and the
+    /// command that removes it.
+    #[arg(long, conflicts_with = "brokers")]
+    keep_broker: bool,
 }
 
 fn main() -> ExitCode {
@@ -53,19 +63,38 @@ fn main() -> ExitCode {
     }
     let args = Args::parse();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    match runtime.block_on(quickstart(args)) {
+    let mut kept = None;
+    let code = match runtime.block_on(quickstart(args, &mut kept)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(error) => {
             eprintln!("quickstart failed: {error}");
             ExitCode::FAILURE
         }
+    };
+    if let Some(kept) = kept {
+        print_kept(&kept);
     }
+    code
+}
+
+/// Where the broker `--keep-broker` left running is, and how to remove it.
+fn print_kept(kept: &KeptBroker) {
+    let brokers = &kept.bootstrap_servers;
+    let container = &kept.container;
+    println!();
+    println!("The Kafka broker keeps running (--keep-broker):");
+    println!("  address              {brokers}   (a processor here: --brokers {brokers})");
+    println!(
+        "  inside its container {}   (docker exec {container} …)",
+        kept.inside_bootstrap_servers
+    );
+    println!("  remove it with       docker rm -f {container}");
 }
 
 type Failure = Box<dyn std::error::Error>;
 
-async fn quickstart(args: Args) -> Result<bool, Failure> {
+async fn quickstart(args: Args, kept_broker: &mut Option<KeptBroker>) -> Result<bool, Failure> {
     let kafka: &Kafka = match &args.brokers {
         Some(brokers) => {
             let kafka = Box::leak(Box::new(Kafka::connect(brokers.clone())));
@@ -85,7 +114,17 @@ async fn quickstart(args: Args) -> Result<bool, Failure> {
                 "Starting Apache Kafka {} in Docker (testcontainers)…",
                 testkit::KAFKA_VERSION
             );
-            testkit::kafka().await
+            let kafka = testkit::kafka().await;
+            if args.keep_broker {
+                // Now rather than at the end: a failure further on keeps it as well.
+                *kept_broker = kafka.keep_running(KEPT_NAME).await?;
+                if kept_broker.is_none() {
+                    println!(
+                        "--keep-broker: this broker was not started here (ONCEFLOW_TEST_BOOTSTRAP); nothing to keep"
+                    );
+                }
+            }
+            kafka
         }
     };
     let brokers = kafka.bootstrap_servers().to_owned();

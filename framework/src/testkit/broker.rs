@@ -7,6 +7,8 @@
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
+use testcontainers::bollard::errors::Error::DockerResponseServerError;
+use testcontainers::bollard::query_parameters::RenameContainerOptionsBuilder;
 use testcontainers::core::{ContainerPort, ExecCommand, IntoContainerPort};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
@@ -25,6 +27,9 @@ pub const LOCAL_IMAGE: &str = "onceflow/kafka:4.1.1-local";
 
 /// Port the broker listens on for clients, inside the container.
 const CLIENT_PORT: u16 = 9092;
+/// Port of the inter-broker listener, advertised as `localhost` and so usable only inside
+/// the container.
+const INTER_BROKER_PORT: u16 = 9094;
 /// Topic the readiness probe writes to.
 const PROBE_TOPIC: &str = "__onceflow_ready";
 /// How long a started broker may take to answer, unless `ONCEFLOW_TEST_BROKER_TIMEOUT`
@@ -49,6 +54,23 @@ fn find<'a>(
     id: &str,
 ) -> Option<&'a ContainerAsync<GenericImage>> {
     containers.iter().find(|container| container.id() == id)
+}
+
+/// The IDs of started containers to leave running at exit ([`Kafka::keep_running`]).
+static KEPT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// A broker the testkit started and leaves running when the process exits (see
+/// [`Kafka::keep_running`]): where to reach it and how to remove it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeptBroker {
+    /// The container's name: `docker rm -f <container>` removes it.
+    pub container: String,
+    /// `host:port` for clients on this machine, which the broker advertises to them.
+    pub bootstrap_servers: String,
+    /// `host:port` for clients inside the container (`docker exec <container> …`), such as
+    /// the command-line tools of the official image: the host's port does not answer there.
+    pub inside_bootstrap_servers: String,
 }
 
 static SHARED: OnceCell<std::result::Result<Kafka, String>> = OnceCell::const_new();
@@ -166,6 +188,56 @@ impl Broker {
                     "corrupt: `{needle}` not found in the log of `{topic}` [{partition}]: {output}"
                 ))
             })
+    }
+
+    /// Names the container `name` and leaves it running at exit; `None` for a broker
+    /// reached through `ONCEFLOW_TEST_BOOTSTRAP`, which was never ours to remove.
+    pub(super) async fn keep_running(
+        &self,
+        name: &str,
+        bootstrap_servers: &str,
+    ) -> Result<Option<KeptBroker>> {
+        let Broker::Container { id } = self else {
+            return Ok(None);
+        };
+        let (id, new_name) = (id.clone(), name.to_owned());
+        DOCKER
+            .spawn(async move {
+                let guard = CONTAINERS.lock().await;
+                find(&guard, &id).ok_or_else(|| {
+                    Error::Broker(format!("keep running: container {id} is gone"))
+                })?;
+                let docker = testcontainers::bollard::Docker::connect_with_defaults()
+                    .map_err(|e| Error::Broker(format!("keep running: no Docker engine: {e}")))?;
+                let options = RenameContainerOptionsBuilder::new().name(&new_name).build();
+                docker
+                    .rename_container(&id, options)
+                    .await
+                    .map_err(|error| match error {
+                        DockerResponseServerError {
+                            status_code: 409, ..
+                        } => Error::Broker(format!(
+                            "keep running: a container named `{new_name}` exists already (a \
+                             broker kept earlier?): use it, or remove it with `docker rm -f \
+                             {new_name}`"
+                        )),
+                        error => Error::Broker(format!(
+                            "keep running: cannot name container {id} `{new_name}`: {error}"
+                        )),
+                    })?;
+                KEPT.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(id);
+                Ok::<(), Error>(())
+            })
+            .await
+            .map_err(|e| Error::Broker(format!("keep running: {e}")))??;
+        Ok(Some(KeptBroker {
+            container: name.to_owned(),
+            bootstrap_servers: bootstrap_servers.to_owned(),
+            // The inter-broker listener of `single_node`, advertised as itself.
+            inside_bootstrap_servers: format!("localhost:{INTER_BROKER_PORT}"),
+        }))
     }
 
     pub(super) async fn log_tail(&self, lines: usize) -> String {
@@ -466,7 +538,19 @@ fn register_removal_at_exit() {
         let _ = std::panic::catch_unwind(|| {
             let removal = std::thread::spawn(|| {
                 DOCKER.block_on(async {
-                    for container in CONTAINERS.lock().await.drain(..) {
+                    let kept = KEPT
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone();
+                    let mut containers = CONTAINERS.lock().await;
+                    // A kept container's handle stays in the static, which is never dropped:
+                    // its drop would remove the container too.
+                    let (keep, remove): (Vec<_>, Vec<_>) = std::mem::take(&mut *containers)
+                        .into_iter()
+                        .partition(|container| kept.iter().any(|id| id == container.id()));
+                    *containers = keep;
+                    drop(containers);
+                    for container in remove {
                         let _ = container.rm().await;
                     }
                     for dir in TEMPORARY_DIRS.lock().await.drain(..) {

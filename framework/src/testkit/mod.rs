@@ -20,7 +20,8 @@
 //! - Otherwise a single-node KRaft broker (combined broker and controller) is started with
 //!   testcontainers from `ONCEFLOW_KAFKA_IMAGE`. When that is unset, the image built here
 //!   by `docker/kafka/build.sh` ([`LOCAL_IMAGE`]) is used if it exists, else the official
-//!   [`OFFICIAL_IMAGE`]. The container is removed when the test binary exits.
+//!   [`OFFICIAL_IMAGE`]. The container is removed when the test binary exits, unless
+//!   [`Kafka::keep_running`] was called.
 //!
 //! Every test should take its own names from [`unique_name`] (topics, groups,
 //! transactional IDs), so tests sharing the broker never see each other's data.
@@ -37,7 +38,7 @@ use std::time::Duration;
 use crate::Result;
 use crate::kafka::{self as client, ClientOptions};
 pub use crate::kafka::{Isolation, OutgoingRecord, Record};
-pub use broker::{KAFKA_VERSION, LOCAL_IMAGE, OFFICIAL_IMAGE, kafka};
+pub use broker::{KAFKA_VERSION, KeptBroker, LOCAL_IMAGE, OFFICIAL_IMAGE, kafka};
 pub use cluster::{Cluster, cluster};
 pub use pki::{CLIENT_COMMON_NAME, CertifiedKeyPem, TestPki};
 pub use postgres::{Postgres, postgres};
@@ -218,6 +219,21 @@ impl Kafka {
     /// The last `lines` lines the broker logged, for failure messages.
     pub async fn log_tail(&self, lines: usize) -> String {
         self.broker.log_tail(lines).await
+    }
+
+    /// Leaves the broker running when this process exits, instead of removing its
+    /// container, so that later programs can use it (the quickstart's `--keep-broker`).
+    /// The container is named `name`, and whoever keeps it removes it:
+    /// `docker rm -f <name>`. It goes on advertising [`Kafka::bootstrap_servers`], a
+    /// port on this machine. `Ok(None)` when the testkit did not start the broker.
+    ///
+    /// # Errors
+    /// When the container cannot be named `name` (a container of that name exists, a
+    /// broker kept earlier perhaps); it is then removed at exit as usual.
+    pub async fn keep_running(&self, name: &str) -> Result<Option<KeptBroker>> {
+        self.broker
+            .keep_running(name, self.bootstrap_servers())
+            .await
     }
 }
 
