@@ -69,6 +69,7 @@ use serde::de::DeserializeOwned;
 use crate::clock::Clock;
 use crate::engine::crash::CrashPlan;
 use crate::engine::drive::{self, Instance, Outcome};
+use crate::engine::fake::CommitFate as Fate;
 use crate::engine::fake::{FakeKafka, Kind, Stored, injected};
 use crate::engine::{Stats, StatsSnapshot};
 use crate::event::{Codec, Event, Json};
@@ -145,6 +146,39 @@ pub enum KafkaCall {
     Abort,
     /// Reading the group's committed offsets (at an assignment, after a failed batch).
     CommittedOffsets,
+    /// A poll of a consumer held while a catch-up or an undo takes long: failing, it
+    /// gives that work up.
+    KeepAlive,
+}
+
+/// What becomes of a commit ([`TestDriver::commit_fate`]): the ways a transaction's
+/// commit goes wrong that its client cannot see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitFate {
+    /// The coordinator accepts it and the client hears so, but its markers land a few
+    /// seconds later (or when the producer begins its next transaction, or a new
+    /// producer of its transactional ID is made, which wait for them). Until then its
+    /// records hold the last stable offset, and the group's committed offsets read
+    /// without them, as during a coordinator failover.
+    MarkersLate,
+    /// As [`CommitFate::MarkersLate`], but the client's request times out: it cannot
+    /// know that the commit went through.
+    TimesOutInDoubt,
+    /// The request times out before it reaches the coordinator, and lands later: with
+    /// the same producer's next offsets to a transaction, committing whatever that
+    /// transaction holds then (librdkafka has no Transactions V2, KIP-890 part 2),
+    /// unless a new producer bumped the epoch first.
+    TimesOutLate,
+}
+
+impl CommitFate {
+    fn fake(self) -> Fate {
+        match self {
+            CommitFate::MarkersLate => Fate::MarkersLate,
+            CommitFate::TimesOutInDoubt => Fate::TimesOutInDoubt,
+            CommitFate::TimesOutLate => Fate::TimesOutLate,
+        }
+    }
 }
 
 impl KafkaCall {
@@ -156,6 +190,7 @@ impl KafkaCall {
             KafkaCall::Commit => Kind::Commit,
             KafkaCall::Abort => Kind::Abort,
             KafkaCall::CommittedOffsets => Kind::Committed,
+            KafkaCall::KeepAlive => Kind::KeepAlive,
         }
     }
 }
@@ -512,6 +547,24 @@ impl<P: Processor> TestDriver<P> {
     /// librdkafka makes after aborting a transaction whose record timed out.
     pub fn time_out_send(&mut self, index: usize, nth: u32) {
         self.slots[index].kafka.time_out_send(nth);
+    }
+
+    /// What becomes of the `nth` commit (1: the next) of instance `index`: its markers
+    /// land late, the client's request times out though the commit went through, or it
+    /// times out on its way and lands in a later transaction. See [`CommitFate`].
+    pub fn commit_fate(&mut self, index: usize, nth: u32, fate: CommitFate) {
+        self.slots[index].kafka.commit_fate(nth, fate.fake());
+    }
+
+    /// The consumer of instance `index` has its static membership fenced at its `nth`
+    /// keep-alive poll from now (1: the next), while it is held for a catch-up or an
+    /// undo that takes long: as by a join under its instance ID whose answer was lost,
+    /// or a group coordinator away longer than the session. No successor has the ID,
+    /// so the instance joins the group again in the same process, as the engine does,
+    /// and what the hold gave up (a replay on the blocking pool) goes on there unless
+    /// cancelled.
+    pub fn fence_member_while_held(&mut self, index: usize, nth: u32) {
+        self.slots[index].kafka.fence_member_while_held(nth);
     }
 
     /// Stops the instance cleanly and reopens its transaction log; the next

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use onceflow::DeliveryMode;
-use onceflow::testing::{OutgoingRecord, TestDriver};
+use onceflow::testing::{CommitFate, OutgoingRecord, TestDriver};
 use onceflow_e2e::sum::{Amount, Sum, Summed};
 
 const OUT: &str = "sums";
@@ -175,4 +175,42 @@ async fn a_zombie_cannot_fire_again_the_reminder_its_successor_fired() {
         .filter(|c| c.bucket == -1)
         .count();
     assert_eq!(reminders, 1, "the reminder once");
+}
+
+/// Hole F of issue 40 through the group: an instance's last batch commits, but its
+/// markers land late (a coordinator failing over), and the instance dies. Its successor
+/// reads the group's offset without that batch and replays the changelog, whose records
+/// of the batch are hidden until the markers land: a replay that ended at the stale
+/// offset had the successor do the batch again, and once the markers landed both were
+/// visible. The replay waits for the transaction open since before it began.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_while_the_last_commit_is_in_doubt_does_its_batch_once() {
+    let mut driver = group(2, 1, DeliveryMode::ExactlyOnce);
+    for n in 0..5 {
+        pipe(&mut driver, &format!("e-{n}"), "k", 1);
+    }
+    driver.process_instance(0).await.expect("process");
+    pipe(&mut driver, "e-5", "k", 1);
+    driver.commit_fate(0, 1, CommitFate::MarkersLate);
+    driver
+        .process_instance(0)
+        .await
+        .expect("the batch in doubt");
+    assert_eq!(
+        driver.committed_offset(0),
+        Some(5),
+        "the commit is in doubt"
+    );
+    driver.kill_instance(0).expect("kill");
+
+    driver.process_instance(1).await.expect("the successor");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let out = outputs(&driver);
+    let ids: Vec<&str> = out.iter().filter_map(|o| o.id.as_deref()).collect();
+    assert_eq!(
+        ids,
+        ["e-0", "e-1", "e-2", "e-3", "e-4", "e-5"],
+        "every event once"
+    );
+    assert_eq!(driver.state::<i64>(0, "k").expect("state"), Some(6));
 }

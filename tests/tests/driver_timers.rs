@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use onceflow::testing::{CrashPoint, KafkaCall, TestDriver};
+use onceflow::testing::{CommitFate, CrashPoint, KafkaCall, TestDriver};
 use onceflow::{Context, ErrorClass, Processor, Result};
 use onceflow_e2e::buckets::{Buckets, Closed, OUT, Tick, assert_buckets, at, tick, ticks};
 
@@ -286,4 +286,36 @@ async fn at_most_once_never_fires_a_wall_clock_timer_twice_when_its_batch_fails(
             "send {nth} of the timers' batch failed: the reminder came {reminders} times"
         );
     }
+}
+
+/// Found by the simulation (seed 1000401, once it had commits in doubt): a batch of
+/// timers alone commits the group's offsets of its partitions again, for the
+/// generation check (hole D); it read them from the group, and that read can lag a
+/// batch whose commit is in doubt (hole F's premise). The timers' transaction then
+/// committed the older offset over the newer one, the group's offset went back, and
+/// the records between were done again: their outputs skipped as duplicates, but a
+/// refused record's dead letter twice. The offsets it commits again are never older
+/// than what the transaction log has seen committed.
+#[tokio::test(start_paused = true)]
+async fn a_timer_batch_never_moves_the_groups_offset_back_over_a_batch_in_doubt() {
+    let mut driver = TestDriver::new(Buckets::default());
+    let mut remind = tick(0, "a", 1);
+    remind.remind_in_ms = Some(60_000);
+    driver.pipe_record(at(&remind, 1));
+    driver.process().await.expect("process");
+    assert_eq!(driver.committed_offset(0), Some(1));
+
+    // The next batch commits, its markers late: the group's offset still reads 1.
+    driver.pipe_record(at(&tick(1, "b", 1), 2));
+    driver.commit_fate(0, 1, CommitFate::MarkersLate);
+    driver.process().await.expect("the batch in doubt");
+    // The reminder comes due: a batch of timers alone.
+    driver.advance_time(Duration::from_secs(61));
+    driver.process().await.expect("the timers' run");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        driver.committed_offset(0),
+        Some(2),
+        "the timers' transaction moved the group's offset back"
+    );
 }

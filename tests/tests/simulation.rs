@@ -31,7 +31,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use onceflow::testing::{CrashPoint, KafkaCall, OutgoingRecord, TestDriver};
+use onceflow::testing::{CommitFate, CrashPoint, KafkaCall, OutgoingRecord, TestDriver};
 use onceflow::{Context, DeliveryMode, ErrorClass, Processor, Timer, TimerClock};
 use onceflow_e2e::sum::{Amount, Sum, Summed};
 
@@ -133,15 +133,27 @@ enum Fault {
     /// Instance `.0`'s nth send times out on the client; its record lands later, with
     /// the producer's next transaction unless a new producer fenced it.
     TimeOutSend(usize, u32),
+    /// Instance `.0`'s nth commit is in doubt (its markers land late, its request
+    /// times out though it went through) or times out on its way and lands later.
+    Commit(usize, u32, CommitFate),
+    /// Instance `.0`'s static membership is fenced at its nth keep-alive poll while
+    /// held; it joins again in the same process.
+    FenceWhileHeld(usize, u32),
 }
 
-const CALLS: [KafkaCall; 6] = [
+const CALLS: [KafkaCall; 7] = [
     KafkaCall::Begin,
     KafkaCall::Send,
     KafkaCall::SendOffsets,
     KafkaCall::Commit,
     KafkaCall::Abort,
     KafkaCall::CommittedOffsets,
+    KafkaCall::KeepAlive,
+];
+const FATES: [CommitFate; 3] = [
+    CommitFate::MarkersLate,
+    CommitFate::TimesOutInDoubt,
+    CommitFate::TimesOutLate,
 ];
 const CLASSES: [ErrorClass; 3] = [
     ErrorClass::Retriable,
@@ -189,7 +201,9 @@ fn draw_schedule(rng: &mut fastrand::Rng) -> (Schedule, Vec<Step>) {
 fn draw_fault(rng: &mut fastrand::Rng, schedule: &Schedule) -> Fault {
     let partitions = schedule.partitions;
     let instance = rng.usize(0..schedule.instances);
-    match rng.u8(0..24) {
+    match rng.u8(0..29) {
+        27..29 => Fault::FenceWhileHeld(instance, rng.u32(1..=3)),
+        24..27 => Fault::Commit(instance, rng.u32(1..=6), FATES[rng.usize(0..FATES.len())]),
         22..24 => Fault::TimeOutSend(instance, rng.u32(1..=6)),
         20..22 => Fault::RebalanceWhileHeld(rng.i32(0..partitions)),
         0..7 => Fault::Fail(
@@ -313,6 +327,8 @@ async fn run(seed: u64) -> Result<(), String> {
         // Reminders of events processed in the last round come due.
         driver.advance_time(Duration::from_millis(REMIND_AFTER_MS as u64 + 1));
         let outcome = driver.process().await;
+        // Commits in doubt land (their coordinator writes the markers).
+        tokio::time::sleep(Duration::from_secs(10)).await;
         if outcome.is_ok()
             && ends
                 .iter()
@@ -354,7 +370,13 @@ async fn run(seed: u64) -> Result<(), String> {
         .filter(|step| {
             matches!(
                 step,
-                Step::Fault(Fault::Fail(..) | Fault::Crash(..) | Fault::TimeOutSend(..))
+                Step::Fault(
+                    Fault::Fail(..)
+                        | Fault::Crash(..)
+                        | Fault::TimeOutSend(..)
+                        | Fault::Commit(..)
+                        | Fault::FenceWhileHeld(..)
+                )
             )
         })
         .count();
@@ -362,6 +384,8 @@ async fn run(seed: u64) -> Result<(), String> {
         driver.advance_time(Duration::from_millis(REMIND_AFTER_MS as u64 + 1));
         let _ = driver.process().await;
     }
+    // The markers of commits still in doubt land, as their coordinator writes them.
+    tokio::time::sleep(Duration::from_secs(10)).await;
     if !settled {
         return Err(format!(
             "the input was not committed to its end after 30 runs: committed {:?}, ends {ends:?}",
@@ -411,6 +435,8 @@ fn apply(driver: &mut TestDriver<Remindful>, fault: Fault) -> Result<(), String>
         }
         Fault::RebalanceWhileHeld(partition) => driver.rebalance_while_held(partition),
         Fault::TimeOutSend(index, nth) => driver.time_out_send(index, nth),
+        Fault::Commit(index, nth, fate) => driver.commit_fate(index, nth, fate),
+        Fault::FenceWhileHeld(index, nth) => driver.fence_member_while_held(index, nth),
         Fault::Restart(index) => driver
             .restart_instance(index)
             .map_err(|e| failed("restart", e))?,

@@ -134,14 +134,37 @@ pub(crate) async fn run<P: Processor>(
     } = instance;
     // Which instance said what, when a driver runs several.
     let span = tracing::info_span!("instance", id = %config.instance_id);
-    let serving = plan.scope(tracing::Instrument::instrument(
-        serve::serve(&parts, &resync, &idle, processor, producer, owned),
-        span,
-    ));
-    let outcome = tokio::select! {
-        biased;
-        () = plan.crashed() => None,
-        served = serving => Some(served),
+    let outcome = loop {
+        let serving = plan.scope(tracing::Instrument::instrument(
+            serve::serve(&parts, &resync, &idle, processor, producer, owned),
+            span.clone(),
+        ));
+        let served = tokio::select! {
+            biased;
+            () = plan.crashed() => None,
+            served = serving => Some(served),
+        };
+        // As the engine's own loop (`Engine::run`): a consumer whose static membership
+        // was fenced joins again when no successor has its instance ID, in the same
+        // process, with whatever that process left running.
+        match served {
+            Some(Err(error))
+                if config.delivery == crate::DeliveryMode::ExactlyOnce && kafka.member_fenced() =>
+            {
+                match resync
+                    .after_member_fenced(kafka, producer, &changelog, error)
+                    .await
+                {
+                    Ok(()) => {
+                        drop(resync.take_held());
+                        owned.clear();
+                        kafka.rejoin(kafka.partitions(&config.input_topic));
+                    }
+                    Err(stop) => break Some(Err(stop)),
+                }
+            }
+            other => break other,
+        }
     };
     let Resync {
         held,

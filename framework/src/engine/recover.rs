@@ -607,7 +607,8 @@ impl<R, N> Resync<'_, R, N> {
     /// is a successor's ([`Resync::successor_alive`]). Replaced, the instance stops and
     /// makes no new producer (that would fence the successor's). Not replaced, it makes
     /// a new producer (whose initialisation ends whatever the old one left open) and
-    /// joins again. With only the consumer fenced it joins again at once, as before.
+    /// joins again. With only the consumer fenced it makes a new producer (which ends a
+    /// transaction a hold given up may have left open) and joins again at once.
     /// Each rejoin spends one of the budget of fences.
     ///
     /// Joining again is safe in exactly-once mode either way: the group's generation
@@ -634,7 +635,13 @@ impl<R, N> Resync<'_, R, N> {
             };
         if !fenced_too {
             let fences = self.allow_fence(&error)?;
-            tracing::warn!(%error, fences, "the consumer's static membership was fenced, the producer was not: joining the group again");
+            tracing::warn!(%error, fences, "the consumer's static membership was fenced, the producer was not: making a new producer and joining the group again");
+            // The fence may have ended a hold half-way through undoing a failed batch,
+            // its transaction still open: the producer would refuse to begin the next
+            // one, and the open transaction would hold the changelog's last stable
+            // offset until it timed out (found by the simulation of issue 40). A new
+            // producer's initialisation aborts it; the ID is still this instance's.
+            *producer = new_producer(&self.renew, self.stats).await?;
             return Ok(());
         }
         match self.successor_alive(consumer).await {

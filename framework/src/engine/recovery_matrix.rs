@@ -409,8 +409,8 @@ async fn a_live_member_under_the_instance_id_stops_the_instance_without_a_new_pr
     }
 }
 
-/// Only the consumer fenced: the group is joined again at once, the producer kept; the
-/// group is not described.
+/// Only the consumer fenced: the group is joined again at once, with a new producer
+/// (see the next test for why); the group is not described.
 #[tokio::test(start_paused = true)]
 async fn only_the_consumer_fenced_joins_again_at_once() {
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
@@ -420,7 +420,7 @@ async fn only_the_consumer_fenced_joins_again_at_once() {
     after_member_fenced(&rig, &resync)
         .await
         .expect("joins again");
-    assert_eq!(rig.kafka.calls(), [Call::Probe]);
+    assert_eq!(rig.kafka.calls(), [Call::Probe, Call::Renew]);
 }
 
 /// Both fenced and the group's coordinator does not answer (described five times): a
@@ -905,4 +905,32 @@ async fn a_replay_given_up_by_a_failed_hold_applies_nothing_after() {
         at_return,
         "the replay went on applying after the engine gave it up"
     );
+}
+
+/// Found by the simulation of issue 40, once its consumers could be fenced while held: a
+/// fence of the consumer's static membership ended a hold half-way through undoing a
+/// failed batch, its transaction still open, and the engine joined the group again with
+/// that producer, whose next begin was refused (the fake's assertion "begin inside an
+/// open transaction"); the open transaction would have held the changelog's last stable
+/// offset until it timed out. Joining again after a fence of the consumer alone makes a
+/// new producer, whose initialisation aborts what the old one left open.
+#[tokio::test]
+async fn a_rejoin_after_the_consumer_alone_was_fenced_ends_what_the_hold_left_open() {
+    use crate::engine::seams::Sink;
+
+    let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
+    let resync = rig.kafka.resync(&rig.config, &rig.stats);
+    let mut producer = rig.kafka.clone();
+    // A failed batch's transaction, which the given-up undo never aborted.
+    producer.begin().expect("begin");
+    resync
+        .after_member_fenced(&rig.kafka, &mut producer, "g-txlog", fenced())
+        .await
+        .expect("joins the group again");
+    assert!(
+        rig.kafka.calls().contains(&Call::Renew),
+        "joined again with the producer whose transaction is open: {:?}",
+        rig.kafka.calls()
+    );
+    producer.begin().expect("the next batch begins");
 }

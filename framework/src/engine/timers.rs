@@ -229,12 +229,19 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         // At least once commits them too, first, for the same reason (see `commit`), and
         // at most once before it fires anything (as it commits a batch's offsets before
         // processing its records).
+        // Never older than the transaction log's progress: the group's answer can lag a
+        // batch whose commit is in doubt, and committing it again would move the group's
+        // offset back over that batch, whose records would be done again (found by the
+        // simulation of issue 40: a refused record's dead letter twice). The progress
+        // only ever holds offsets committed with their batch.
         let standing = {
             let committed = self.consumer.committed(due.clone()).await?;
-            let standing: Vec<(i32, i64)> = committed
-                .into_iter()
-                .filter_map(|(partition, offset)| offset.map(|offset| (partition, offset)))
-                .collect();
+            let mut standing: Vec<(i32, i64)> = Vec::with_capacity(committed.len());
+            for (partition, offset) in committed {
+                if let Some(offset) = offset.max(self.txlog.progress(partition)?) {
+                    standing.push((partition, offset));
+                }
+            }
             if standing.is_empty() {
                 tracing::warn!(
                     partitions = ?due,

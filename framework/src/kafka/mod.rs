@@ -36,7 +36,7 @@ pub(crate) use producer::{OutputProducer, Pending};
 pub(crate) use read::{committed_offsets, read_to_end, stable_ends};
 // The test driver's replay decides when to end as the engine's does.
 #[cfg(any(test, feature = "testing"))]
-pub(crate) use replay::open_from_before;
+pub(crate) use replay::{AtTheEnd, at_the_end};
 pub(crate) use replay::{ReadEnd, Until, read_partition, read_partition_to_end};
 pub(crate) use security::{Resources, check_connection, explain};
 pub(crate) use topic_id::topic_id;

@@ -251,39 +251,41 @@ pub(crate) fn read_partition<T>(
             continue;
         }
         let reached = (until.reached)()?;
-        if reached && !open_from_before(stable, high) {
-            return Ok(ReadEnd::Read {
-                next,
-                reached: true,
-            });
-        }
-        // Reached, with a transaction open since before the read began: a batch in doubt
-        // is resolved by its coordinator within `in_doubt_wait`; one still open after it
-        // is not this group's batch in doubt (another producer's hanging transaction),
-        // and the progress reached says the replay has what it needs.
-        if reached
-            && let Some((since, _)) = waiting
-            && since.elapsed() > until.in_doubt_wait
-        {
-            tracing::warn!(
-                partition,
-                last_stable_offset = stable,
-                waited = ?since.elapsed(),
-                "a transaction open since before the replay began is still open; the \
-                 replay reached the group's committed offset, so it ends (a batch of this \
-                 group in doubt would have been resolved by now)"
-            );
-            return Ok(ReadEnd::Read {
-                next,
-                reached: true,
-            });
-        }
-        if stable >= high_now {
-            // Nothing is hidden and nothing is left: more will not come.
-            return Ok(ReadEnd::Read {
-                next,
-                reached: false,
-            });
+        let waited = waiting.map(|(since, _)| since.elapsed());
+        match at_the_end(
+            reached,
+            stable,
+            high,
+            high_now,
+            waited,
+            until.in_doubt_wait,
+            until.wait,
+        ) {
+            AtTheEnd::Stop { reached } => return Ok(ReadEnd::Read { next, reached }),
+            AtTheEnd::StopDespiteOpen => {
+                tracing::warn!(
+                    partition,
+                    last_stable_offset = stable,
+                    waited = ?waited,
+                    "a transaction open since before the replay began is still open; the \
+                     replay reached the group's committed offset, so it ends (a batch of this \
+                     group in doubt would have been resolved by now)"
+                );
+                return Ok(ReadEnd::Read {
+                    next,
+                    reached: true,
+                });
+            }
+            AtTheEnd::Hanging => {
+                return Err(Error::HangingTransaction {
+                    topic: topic.to_owned(),
+                    partition,
+                    last_stable_offset: stable,
+                    high_watermark: high_now,
+                    waited: waited.unwrap_or_default(),
+                });
+            }
+            AtTheEnd::Wait => {}
         }
         // An open transaction hides what lies after the last stable offset. Look again
         // when more arrives or in a while, not at every poll; waiting is not being stuck.
@@ -301,15 +303,6 @@ pub(crate) fn read_partition<T>(
             let now = Instant::now();
             (now, now)
         });
-        if since.elapsed() > until.wait {
-            return Err(Error::HangingTransaction {
-                topic: topic.to_owned(),
-                partition,
-                last_stable_offset: stable,
-                high_watermark: high_now,
-                waited: since.elapsed(),
-            });
-        }
         if logged.elapsed() > LOG_EVERY {
             *logged = Instant::now();
             tracing::info!(
@@ -349,6 +342,57 @@ pub(super) enum Standing {
 /// wait is bounded as every wait for an open transaction is.
 pub(crate) fn open_from_before(stable: i64, high_at_start: i64) -> bool {
     stable < high_at_start
+}
+
+/// What a read does once it is at the end a `read_committed` reader can see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtTheEnd {
+    /// It ends; `reached` says whether the caller's condition held (if not, nothing was
+    /// hidden either: more will not come).
+    Stop { reached: bool },
+    /// It reached its goal, and the transaction open since before it began is still
+    /// open after `in_doubt_wait`: not this group's batch in doubt (that would have been
+    /// resolved by now), so it ends.
+    StopDespiteOpen,
+    /// An open transaction hides committed records: wait for it to end.
+    Wait,
+    /// It waited longer than `wait` for an open transaction.
+    Hanging,
+}
+
+/// The one rule for when a replay may end, shared by the reader of the broker and the
+/// test driver's in-memory one (so the simulation searches the rule the engine runs):
+/// `reached` is the caller's condition, `stable` and `high_now` the partition's last
+/// stable offset and high watermark now, `high_at_start` the high watermark when the
+/// read began, `waited` how long it has waited for an open transaction so far (none:
+/// it has not).
+///
+/// It ends when it reached its goal and nothing open since before it began holds the
+/// last stable offset back (hole F of issue 40, see [`open_from_before`]), or nothing
+/// is hidden at all; it waits while something is, at most `in_doubt_wait` once the goal
+/// is reached and `wait` in any case.
+pub(crate) fn at_the_end(
+    reached: bool,
+    stable: i64,
+    high_at_start: i64,
+    high_now: i64,
+    waited: Option<Duration>,
+    in_doubt_wait: Duration,
+    wait: Duration,
+) -> AtTheEnd {
+    if reached && !open_from_before(stable, high_at_start) {
+        return AtTheEnd::Stop { reached: true };
+    }
+    if reached && waited.is_some_and(|waited| waited > in_doubt_wait) {
+        return AtTheEnd::StopDespiteOpen;
+    }
+    if stable >= high_now {
+        return AtTheEnd::Stop { reached: false };
+    }
+    if waited.is_some_and(|waited| waited > wait) {
+        return AtTheEnd::Hanging;
+    }
+    AtTheEnd::Wait
 }
 
 pub(super) fn standing(at_end: bool, next: i64, stable: i64) -> Standing {
