@@ -233,7 +233,9 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         // batch whose commit is in doubt, and committing it again would move the group's
         // offset back over that batch, whose records would be done again (found by the
         // simulation of issue 40: a refused record's dead letter twice). The progress
-        // only ever holds offsets committed with their batch.
+        // holds only offsets the group may go on from: exactly once writes it in the
+        // batch's transaction, at least once after the batch's outputs landed, and at
+        // most once after the offsets were committed.
         let standing = {
             let committed = self.consumer.committed(due.clone()).await?;
             let mut standing: Vec<(i32, i64)> = Vec::with_capacity(committed.len());
