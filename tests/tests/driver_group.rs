@@ -214,3 +214,32 @@ async fn a_hand_over_while_the_last_commit_is_in_doubt_does_its_batch_once() {
     );
     assert_eq!(driver.state::<i64>(0, "k").expect("state"), Some(6));
 }
+
+/// Hole M of issue 40 (found by the soak, seed 3580): as the hand-over above, but the
+/// batch in doubt is the partition's first commit, and its record is refused. The
+/// successor read no committed offset, took the group for a new one and started the
+/// partition at its beginning, though the changelog it replayed showed the batch
+/// committed: a record with an ID would have been dropped as a copy (its dedup entry was
+/// in the changelog), but the refused record, which has none, was dead-lettered again.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_while_the_first_commit_is_in_doubt_does_its_batch_once() {
+    let mut driver = group(2, 1, DeliveryMode::ExactlyOnce);
+    driver.commit_fate(0, 1, CommitFate::MarkersLate);
+    pipe(&mut driver, "e-0", "k", -1);
+    driver
+        .process_instance(0)
+        .await
+        .expect("the batch in doubt");
+    assert_eq!(driver.committed_offset(0), None, "the commit is in doubt");
+    driver.kill_instance(0).expect("kill");
+    pipe(&mut driver, "e-1", "k", 1);
+
+    driver.process_instance(1).await.expect("the successor");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    driver.process_instance(1).await.expect("the successor");
+    let out = outputs(&driver);
+    let ids: Vec<&str> = out.iter().filter_map(|o| o.id.as_deref()).collect();
+    assert_eq!(ids, ["e-1"], "every event once");
+    assert_eq!(driver.dead_letters().len(), 1, "the refused record once");
+    assert_eq!(driver.state::<i64>(0, "k").expect("state"), Some(1));
+}

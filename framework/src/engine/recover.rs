@@ -858,11 +858,54 @@ impl<R: Restore, N> Resync<'_, R, N> {
         if let Some(error) = failed {
             return Err(error);
         }
+        let committed = self.read_again_where_unsure(consumer, committed).await?;
         let mut positions = Vec::with_capacity(committed.len());
         for (partition, offset) in committed {
             positions.push((partition, self.go_on_from(partition, offset)?));
         }
         Ok(positions)
+    }
+
+    /// `committed`, read again for the partitions read with no committed offset whose
+    /// replayed changelog shows a commit (exactly once only). The changelog's progress
+    /// commits in the same transaction as the group's offsets, so the first read came
+    /// before that commit's markers landed (a commit in doubt, hole M of issue 40): the
+    /// replay waited for them, so a read now sees the offsets. Taken for a new group, the
+    /// partition would start at its beginning, and the batch's records that no dedup
+    /// entry stops (refused ones, records without an ID) would be done again.
+    async fn read_again_where_unsure<C: Source>(
+        &self,
+        consumer: &C,
+        mut committed: Vec<(i32, Option<i64>)>,
+    ) -> Result<Vec<(i32, Option<i64>)>> {
+        if self.config.delivery != DeliveryMode::ExactlyOnce {
+            return Ok(committed);
+        }
+        let mut unsure = Vec::new();
+        for (partition, offset) in &committed {
+            if offset.is_none() && self.restore.progress(*partition)?.is_some() {
+                unsure.push(*partition);
+            }
+        }
+        if unsure.is_empty() {
+            return Ok(committed);
+        }
+        let again = retry_transient_for("read the committed offsets", RECOVERY_PATIENCE, || {
+            consumer.committed(unsure.clone())
+        })
+        .await?;
+        for (partition, offset) in again {
+            tracing::info!(
+                partition,
+                committed = ?offset,
+                "no committed offset was read before the replay, but the changelog shows a \
+                 commit: read again"
+            );
+            if let Some(entry) = committed.iter_mut().find(|(p, _)| *p == partition) {
+                entry.1 = offset;
+            }
+        }
+        Ok(committed)
     }
 
     /// Where `partition` goes on from, the group's committed offset read as `committed`:
@@ -885,6 +928,22 @@ impl<R: Restore, N> Resync<'_, R, N> {
             // Nothing committed: the partition starts at its beginning (the consumer's
             // `auto.offset.reset` is `earliest`), and a first record past offset 0 is
             // sought back to the beginning once, as any start past its floor.
+            if self.config.delivery == DeliveryMode::ExactlyOnce
+                && let Some(progress) = self.restore.progress(partition)?
+            {
+                // Read twice (see `read_again_where_unsure`): the group's offsets were
+                // removed (they expired, or the input was deleted and made again), and
+                // its state is kept.
+                tracing::warn!(
+                    partition,
+                    progress,
+                    "the group has no committed offset, but the changelog shows work \
+                     committed up to here: the group's offsets were removed (expired or \
+                     deleted, or the input topic was made again); starting the partition \
+                     at its beginning with the state kept (records with an ID already \
+                     done are dropped as copies)"
+                );
+            }
             let floor = Floor {
                 at: 0,
                 seek_to: None,
