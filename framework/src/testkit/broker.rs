@@ -417,12 +417,17 @@ async fn start_container() -> Result<(String, u16)> {
 
 /// A single combined broker and controller (node 1, controller on :9093, inter-broker
 /// listener `BROKER` on :9094) with what transactions need on one node; the caller adds
-/// its client listeners (the first on :9092, which is exposed). `label` tells the testkit's containers apart.
+/// its client listeners (the first on :9092, which is exposed). `label` tells the testkit's
+/// containers apart; `ONCEFLOW_TEST_RUN`, when set, names the run they belong to (label
+/// `dev.onceflow.run`), so a run's clean-up removes its own containers and not those of
+/// another run on the same machine.
 pub(super) fn single_node(image: &str, label: &str) -> ContainerRequest<GenericImage> {
     let (name, tag) = split_image(image);
+    let run = std::env::var("ONCEFLOW_TEST_RUN").unwrap_or_default();
     GenericImage::new(name, tag)
         .with_exposed_port(CLIENT_PORT.tcp())
         .with_label("dev.onceflow.testkit", label)
+        .with_label("dev.onceflow.run", run)
         .with_env_var("CLUSTER_ID", "b25jZWZsb3ctdGVzdGtpdA")
         .with_env_var("KAFKA_NODE_ID", "1")
         .with_env_var("KAFKA_PROCESS_ROLES", "broker,controller")
