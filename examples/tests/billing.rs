@@ -115,8 +115,7 @@ async fn billing_invoices_every_order_once_through_a_kill_and_a_restart() {
             .any(|k| k.contains(&format!("group=\"{group}\""))),
         "{metrics:?}"
     );
-    let status = run.terminate().await;
-    assert!(status.success(), "SIGTERM should stop it cleanly: {status}");
+    run.terminate().await;
 
     // Exactly once, by an independent read_committed reader.
     let invoices: Vec<Invoice> = committed_values(kafka, "invoices").await;
@@ -197,8 +196,7 @@ async fn billing_reads_and_writes_the_topics_it_is_configured_with() {
     kafka.produce(&orders, records).await.expect("produce");
     let run = deployment.start_with(&topics);
     deployment.wait_for(&orders, 60, &run).await;
-    let status = run.terminate().await;
-    assert_eq!(status.code(), Some(0));
+    run.terminate().await;
 
     let mut invoiced: Vec<String> = committed_values::<Invoice>(kafka, &invoices)
         .await

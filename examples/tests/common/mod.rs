@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use onceflow::testkit::{Isolation, Kafka};
@@ -84,13 +84,20 @@ impl Running {
         assert!(sent.success());
     }
 
-    /// SIGTERM, then the exit status (within 30 s).
-    pub async fn terminate(mut self) -> ExitStatus {
+    /// SIGTERM, then a clean exit within 30 s; otherwise the test fails with the log
+    /// (the only account of why: a repeat run once saw a failed exit with nothing
+    /// else to go on).
+    pub async fn terminate(mut self) {
         self.signal_term().await;
-        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .unwrap_or_else(|_| panic!("no exit within 30 s of SIGTERM; log:\n{}", self.log_text()))
-            .expect("wait")
+            .expect("wait");
+        assert!(
+            status.success(),
+            "SIGTERM should stop it cleanly: {status}; log:\n{}",
+            self.log_text()
+        );
     }
 
     pub fn log_text(&self) -> String {
