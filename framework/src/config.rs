@@ -287,7 +287,7 @@ impl EngineConfig {
             delivery: DeliveryMode::ExactlyOnce,
             dedup_window: Duration::from_secs(7 * 24 * 3600),
             dedup_max_entries: None,
-            event_id_header: "onceflow-event-id".into(),
+            event_id_header: crate::wire::EVENT_ID_HEADER.into(),
             require_event_id: false,
             accept_changelog_behind: false,
             changelog_replication_factor: None,

@@ -62,10 +62,7 @@ use crate::kafka::{self, ClientOptions};
 use crate::processor::RecordMeta;
 use crate::{Context, Engine, EngineConfig, Error, Event, OutputRecord, Processor, Result};
 
-/// Header of an intent record: its kind.
-pub const KIND_HEADER: &str = "onceflow-effect-kind";
-/// Header of an intent and of its result: the idempotency key.
-pub const IDEMPOTENCY_KEY_HEADER: &str = "onceflow-idempotency-key";
+pub use crate::wire::{EFFECT_KIND_HEADER as KIND_HEADER, IDEMPOTENCY_KEY_HEADER};
 
 /// A side effect a processor recorded, as the executor receives it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

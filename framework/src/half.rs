@@ -55,13 +55,10 @@ use crate::effects::Bounds;
 use crate::kafka::{self, ClientOptions};
 use crate::{Error, Result};
 
-/// Header of a half message: the topic it is for.
-pub const TOPIC_HEADER: &str = "onceflow-half-topic";
-/// Header of a half message: the key it will have (absent: none).
-pub const KEY_HEADER: &str = "onceflow-half-key";
 /// Header of a published message: its event ID, `half:<id>` (the engine's default
 /// event-ID header, so onceflow processors deduplicate by it).
-pub const EVENT_ID_HEADER: &str = "onceflow-event-id";
+pub use crate::wire::EVENT_ID_HEADER;
+pub use crate::wire::{HALF_KEY_HEADER as KEY_HEADER, HALF_TOPIC_HEADER as TOPIC_HEADER};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -570,11 +567,11 @@ async fn dead_letter(
             value: Some(half.topic.as_bytes()),
         })
         .insert(Header {
-            key: "onceflow-error-message",
+            key: crate::wire::DLQ_ERROR_MESSAGE,
             value: Some(reason.as_bytes()),
         })
         .insert(Header {
-            key: "onceflow-attempts",
+            key: crate::wire::DLQ_ATTEMPTS,
             value: Some(tries.as_bytes()),
         });
     let topic = config.dead_letter_topic();

@@ -51,6 +51,7 @@ mod runner;
 mod timers;
 mod txlog;
 pub mod windows;
+mod wire;
 
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -55,7 +55,7 @@ use crate::kafka::{self, ClientOptions};
 use crate::{Error, Result};
 
 /// The header carrying each message's event ID (the engine's default event-ID header).
-pub const EVENT_ID_HEADER: &str = "onceflow-event-id";
+pub use crate::wire::EVENT_ID_HEADER;
 
 /// A message to publish, as a service enqueues it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,9 +20,7 @@
 use crate::processor::StateStore;
 use crate::{Error, Result};
 
-/// Every key the engine keeps in a partition's state starts with this; a processor's
-/// own state keys may not.
-pub(crate) const RESERVED: &str = "\0onceflow/";
+pub(crate) use crate::wire::RESERVED_STATE_PREFIX as RESERVED;
 const DUE: &str = "\0onceflow/timer/";
 const BY_KEY: &str = "\0onceflow/timer-key/";
 /// The partition's event time: the highest record timestamp processed.

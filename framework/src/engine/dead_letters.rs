@@ -18,22 +18,10 @@ use crate::engine::seams::{Outgoing, Sink, Source};
 use crate::kafka;
 use crate::{Error, Result};
 
-/// Headers a dead-lettered record carries besides its own.
-pub(crate) const DLQ_ERROR_CLASS: &str = "onceflow-error-class";
-pub(crate) const DLQ_ERROR_MESSAGE: &str = "onceflow-error-message";
-pub(crate) const DLQ_SOURCE_TOPIC: &str = "onceflow-source-topic";
-pub(crate) const DLQ_SOURCE_PARTITION: &str = "onceflow-source-partition";
-pub(crate) const DLQ_SOURCE_OFFSET: &str = "onceflow-source-offset";
-pub(crate) const DLQ_SOURCE_TIMESTAMP: &str = "onceflow-source-timestamp";
-pub(crate) const DLQ_PROCESSOR: &str = "onceflow-processor";
-pub(crate) const DLQ_ATTEMPTS: &str = "onceflow-attempts";
-pub(crate) const DLQ_AT: &str = "onceflow-dead-lettered-at";
-/// Set (to the value's size in bytes) when the record's value was left out of its dead
-/// letter because the copy would be over the topic's size limit; the value is still in
-/// the source topic at the source offset, while that is retained.
-pub(crate) const DLQ_VALUE_OMITTED: &str = "onceflow-value-omitted";
-/// Set (to the timer's key) on the dead letter of a timer whose `on_timer` failed.
-pub(crate) const DLQ_TIMER: &str = "onceflow-timer";
+pub(crate) use crate::wire::{
+    DLQ_AT, DLQ_ATTEMPTS, DLQ_ERROR_CLASS, DLQ_ERROR_MESSAGE, DLQ_PROCESSOR, DLQ_SOURCE_OFFSET,
+    DLQ_SOURCE_PARTITION, DLQ_SOURCE_TIMESTAMP, DLQ_SOURCE_TOPIC, DLQ_TIMER, DLQ_VALUE_OMITTED,
+};
 
 /// A header of dead-letter records, for the reference page.
 #[cfg(all(test, feature = "runner"))]
@@ -117,7 +105,7 @@ pub(crate) const HEADERS: &[HeaderDoc] = &[
                   ms, \"clock\": \"wall-clock\" or \"event-time\"}`.",
     },
     HeaderDoc {
-        name: "onceflow-replayed-from",
+        name: crate::wire::REPLAYED_FROM,
         on: "a record re-published by `dlq replay`",
         meaning: "`<dead-letter topic>/<partition>@<offset>`: the dead letter it was \
                   re-published from. The replay keeps the record's key, value and own headers \
@@ -414,42 +402,5 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         // Not marked processed: it never was, so a later copy of it (a `dlq replay` after
         // a fix, or a duplicate) is processed, not skipped.
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod replay_tests {
-    use super::*;
-
-    /// `dlq replay` drops the headers dead-lettering adds, each of them, and keeps the
-    /// record's own (its event ID above all).
-    #[test]
-    fn a_replay_drops_every_header_dead_lettering_adds_and_no_other() {
-        let added = [
-            DLQ_ERROR_CLASS,
-            DLQ_ERROR_MESSAGE,
-            DLQ_SOURCE_TOPIC,
-            DLQ_SOURCE_PARTITION,
-            DLQ_SOURCE_OFFSET,
-            DLQ_SOURCE_TIMESTAMP,
-            DLQ_PROCESSOR,
-            DLQ_ATTEMPTS,
-            DLQ_AT,
-            DLQ_VALUE_OMITTED,
-            DLQ_TIMER,
-        ];
-        for header in added {
-            assert!(
-                kafka::DEAD_LETTER_HEADERS.contains(&header),
-                "{header} kept"
-            );
-        }
-        let default = crate::EngineConfig::new("k:9092", "g", "i", "in", "/tmp/s");
-        let id_header = default.event_id_header.as_str();
-        assert!(
-            !kafka::DEAD_LETTER_HEADERS.contains(&id_header),
-            "{id_header} dropped"
-        );
-        assert_eq!(kafka::DEAD_LETTER_HEADERS.len(), added.len() + 1);
     }
 }

@@ -490,6 +490,50 @@ async fn a_dead_letter_over_its_limit_goes_without_its_value() {
     assert!(dead[0].header("onceflow-value-omitted").is_some());
 }
 
+/// `dlq replay` drops the headers dead-lettering adds (`wire::DEAD_LETTER_HEADERS`) and
+/// keeps the record's own, its event ID header above all: each header of a dead letter
+/// (one over its limit, so it has them all but the timer's) is one or the other.
+#[tokio::test]
+async fn a_replay_drops_every_header_dead_lettering_adds_and_no_other() {
+    let mut rig = Rig::new(DeliveryMode::ExactlyOnce);
+    rig.limits.insert(DLQ.into(), 900);
+    rig.limits.insert(CHANGELOG.into(), 200);
+    let mut big = record(
+        0,
+        In {
+            key: "k".repeat(300),
+            amount: 2,
+            big_state: 500,
+            ..In::default()
+        },
+    );
+    let id_header = crate::wire::EVENT_ID_HEADER.to_owned();
+    big.headers = vec![
+        (id_header.clone(), Some(b"b".to_vec())),
+        ("trace".into(), None),
+    ];
+    rig.run(vec![big]).await.expect("batch");
+    let dead = rig.kafka.committed(DLQ);
+    assert_eq!(dead.len(), 1);
+    let mut added = Vec::new();
+    for (name, _) in &dead[0].headers {
+        let own = *name == id_header || name == "trace";
+        assert_eq!(
+            crate::wire::DEAD_LETTER_HEADERS.contains(&name.as_str()),
+            !own,
+            "{name}: a replay must drop what dead-lettering added and keep the rest"
+        );
+        if !own {
+            added.push(name.as_str());
+        }
+    }
+    assert_eq!(
+        added.len() + 2,
+        crate::wire::DEAD_LETTER_HEADERS.len(),
+        "all but the timer's and the replay's own mark: {added:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_record_failed_alone_is_dead_lettered_with_its_offset_in_its_own_transaction() {
     let rig = Rig::new(DeliveryMode::ExactlyOnce);

@@ -10,6 +10,10 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{ClientOptions, kafka_error};
+use crate::wire::{
+    DEAD_LETTER_HEADERS, DLQ_ERROR_CLASS, DLQ_SOURCE_OFFSET, DLQ_SOURCE_PARTITION,
+    DLQ_SOURCE_TOPIC, DLQ_VALUE_OMITTED, REPLAYED_FROM,
+};
 use crate::{Error, Result};
 
 /// Which dead letters to re-publish, and where.
@@ -23,26 +27,6 @@ pub(crate) struct ReplayPlan {
     pub(crate) offsets: Option<(i64, i64)>,
     pub(crate) timeout: Duration,
 }
-
-/// The headers dead-lettering adds to a record, and an earlier replay's mark: dropped when
-/// the record is re-published. Every other header is the original record's and goes with
-/// it, the event ID header (`onceflow-event-id`) above all: dropping it (as every
-/// `onceflow-*` header once was) made the re-published record one without an ID, processed
-/// without a dedup entry, so a later copy of the same event was processed again.
-pub(crate) const DEAD_LETTER_HEADERS: &[&str] = &[
-    "onceflow-error-class",
-    "onceflow-error-message",
-    "onceflow-source-topic",
-    "onceflow-source-partition",
-    "onceflow-source-offset",
-    "onceflow-source-timestamp",
-    "onceflow-processor",
-    "onceflow-attempts",
-    "onceflow-dead-lettered-at",
-    "onceflow-value-omitted",
-    "onceflow-timer",
-    "onceflow-replayed-from",
-];
 
 /// Reads the dead-letter topic from the replay group's committed offsets to its end and
 /// re-publishes the records that match, with their original key, value and headers (those
@@ -141,24 +125,21 @@ pub(crate) fn replay_dead_letters(
             let class_matches = plan
                 .error_class
                 .as_deref()
-                .is_none_or(|c| header("onceflow-error-class").as_deref() == Some(c));
+                .is_none_or(|c| header(DLQ_ERROR_CLASS).as_deref() == Some(c));
             let offset_matches = plan
                 .offsets
                 .is_none_or(|(from, to)| (from..=to).contains(&message.offset()));
-            let target = plan
-                .target
-                .clone()
-                .or_else(|| header("onceflow-source-topic"));
+            let target = plan.target.clone().or_else(|| header(DLQ_SOURCE_TOPIC));
             let (true, true, Some(target)) = (class_matches, offset_matches, target) else {
                 passed_over += 1;
                 continue;
             };
-            if let Some(size) = header("onceflow-value-omitted") {
+            if let Some(size) = header(DLQ_VALUE_OMITTED) {
                 // Its value was too large for the dead-letter topic; it is only at the
                 // source offset now. Re-publishing the rest would be a different record.
                 tracing::warn!(
                     dead_letter = %format!("{topic}/{}@{}", message.partition(), message.offset()),
-                    source = ?(header("onceflow-source-topic"), header("onceflow-source-partition"), header("onceflow-source-offset")),
+                    source = ?(header(DLQ_SOURCE_TOPIC), header(DLQ_SOURCE_PARTITION), header(DLQ_SOURCE_OFFSET)),
                     bytes = %size,
                     "passed over: this dead letter has no value (it was over the size limit); \
                      re-publish it from its source offset"
@@ -169,11 +150,10 @@ pub(crate) fn replay_dead_letters(
             // Back to the partition it came from, not where librdkafka's partitioner
             // would put its key: dedup and state are per input partition, and upstreams
             // partition in their own ways (Java's murmur2, explicit partitions).
-            let source_partition = (header("onceflow-source-topic").as_deref()
-                == Some(target.as_str()))
-            .then(|| header("onceflow-source-partition"))
-            .flatten()
-            .and_then(|p| p.parse::<i32>().ok());
+            let source_partition = (header(DLQ_SOURCE_TOPIC).as_deref() == Some(target.as_str()))
+                .then(|| header(DLQ_SOURCE_PARTITION))
+                .flatten()
+                .and_then(|p| p.parse::<i32>().ok());
             let mut headers = OwnedHeaders::new();
             if let Some(original) = message.headers() {
                 for h in original
@@ -188,7 +168,7 @@ pub(crate) fn replay_dead_letters(
             }
             let from = format!("{topic}/{}@{}", message.partition(), message.offset());
             headers = headers.insert(Header {
-                key: "onceflow-replayed-from",
+                key: REPLAYED_FROM,
                 value: Some(from.as_bytes()),
             });
             let mut record = BaseRecord::<[u8], [u8]>::to(&target).headers(headers);

@@ -25,8 +25,6 @@ pub(crate) use admin::{alter_topic_config, probe, with_metadata};
 pub(crate) use admin::{create_topic, ensure_topic, partition_count, replica_count, topic_config};
 pub(crate) use blocking::blocking;
 pub(crate) use consumer::{Holder, InputConsumer, Polled, Rebalanced};
-#[cfg(test)]
-pub(crate) use dlq::DEAD_LETTER_HEADERS;
 pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use error::classify_code;

@@ -12,6 +12,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 pub(crate) use super::deliveries::Pending;
 use super::deliveries::{Deliveries, Ledgered};
 use super::{ClientOptions, InputConsumer, blocking, kafka_error};
+use crate::wire::FENCE_PROBE_KEY;
 use crate::{Error, Result};
 
 /// How long past its own timeout a transactional call may block before the producer is
@@ -27,8 +28,6 @@ const FENCED: [RDKafkaErrorCode; 3] = [
 /// The longest one `send_offsets_to_transaction` call may take before the loop around it
 /// looks again (see [`OutputProducer::send_offsets`]).
 const SEND_OFFSETS_CALL: Duration = Duration::from_secs(1);
-/// The key of the record [`OutputProducer::probe_fenced`] sends (and aborts).
-const FENCE_PROBE_KEY: &[u8] = b"onceflow-fence-probe";
 /// How often [`OutputProducer::settle`] asks whether librdkafka's queue is empty.
 const SETTLE_EVERY: Duration = Duration::from_micros(200);
 

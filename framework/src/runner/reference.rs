@@ -456,9 +456,23 @@ fn every_dead_letter_header_written_or_read_is_documented() {
             }
         }
     }
+    for name in crate::wire::DEAD_LETTER_HEADERS {
+        if !HEADERS.iter().any(|h| h.name == *name) {
+            undocumented.push(format!("{name} (wire.rs)"));
+        }
+    }
     assert!(
         undocumented.is_empty(),
         "dead-letter headers missing from dead_letters::HEADERS: {undocumented:?}"
+    );
+    let unknown: Vec<&str> = HEADERS
+        .iter()
+        .map(|h| h.name)
+        .filter(|name| !crate::wire::DEAD_LETTER_HEADERS.contains(name))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "documented dead-letter headers that `dlq replay` would keep: {unknown:?}"
     );
 }
 

@@ -10,12 +10,10 @@ use std::fmt;
 
 use crate::{Error, Result};
 
-/// Key prefix of dedup entries (`Processed` and `Expired`).
-const EVENT_PREFIX: &[u8] = b"e:";
-/// Key prefix of user state.
-const STATE_PREFIX: &[u8] = b"s:";
-/// Key of the progress record: the input offset the batches so far reached.
-const PROGRESS_KEY: &[u8] = b"p:";
+use crate::wire::{
+    CHANGELOG_EVENT_PREFIX as EVENT_PREFIX, CHANGELOG_PROGRESS_KEY as PROGRESS_KEY,
+    CHANGELOG_STATE_PREFIX as STATE_PREFIX,
+};
 /// First byte of a `Progress` value.
 const PROGRESS_VERSION: u8 = 1;
 /// First byte of a `Processed` value, so that the value layout can change later.
