@@ -398,6 +398,15 @@ where
     };
     settings.resolved.extend(app_shown);
     init_logging(&settings);
+    // Listened for before anything of `run` starts: a SIGTERM while the engines start
+    // (a rollout stopping a pod that has just started) stops them as a later one does,
+    // where the signal's default action would kill the process (a repeat run of
+    // issue 40 saw that exit status). The other subcommands keep the default action.
+    let serving = !matches!(
+        matches.subcommand_name(),
+        Some("verify-config" | "inspect" | "dlq")
+    );
+    let signals = serving.then(Signals::listen);
     tracing::info!(processor = %declared.name, %version, "onceflow runner");
 
     let outcome = match matches.subcommand() {
@@ -407,7 +416,15 @@ where
             Some(("replay", replay)) => commands::replay(&settings.engine, replay).await,
             _ => unreachable!("clap requires a dlq subcommand"),
         },
-        _ => return serve(processor, effect, settings).await,
+        _ => {
+            return serve(
+                processor,
+                effect,
+                settings,
+                signals.unwrap_or_else(Signals::listen),
+            )
+            .await;
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -505,6 +522,7 @@ async fn serve<P: Processor, E: Effect>(
     processor: P,
     effect: Option<E>,
     settings: Settings,
+    signals: Signals,
 ) -> ExitCode {
     let processor_engine = match settings.role {
         Role::Effects if effect.is_some() => None,
@@ -569,7 +587,7 @@ async fn serve<P: Processor, E: Effect>(
         .chain(executor.iter().map(|(engine, _)| engine))
         .map(Engine::shutdown_handle)
         .collect();
-    tokio::spawn(stop_on_signals(shutdowns.clone()));
+    tokio::spawn(stop_on_signals(shutdowns.clone(), signals));
     // Either engine stopping on an error stops the other one too: a process that runs
     // half of its role is worse than one that exits and is restarted.
     let stop_all = |what: &'static str, outcome: crate::Result<crate::StatsSnapshot>| {
@@ -615,35 +633,56 @@ async fn serve<P: Processor, E: Effect>(
     code
 }
 
+/// SIGTERM and SIGINT, listened for from when it is made: a signal that comes before
+/// anyone waits for it is not lost (nor does it kill the process).
+struct Signals {
+    terminate: Option<tokio::signal::unix::Signal>,
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(signal) => Some(signal),
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for {name}: it does not stop gracefully");
+                None
+            }
+        };
+        Signals {
+            terminate: listen(SignalKind::terminate(), "SIGTERM"),
+            interrupt: listen(SignalKind::interrupt(), "SIGINT"),
+        }
+    }
+
+    /// The next SIGTERM or SIGINT (never, when neither could be listened for).
+    async fn next(&mut self) {
+        tokio::select! {
+            () = received(self.terminate.as_mut()) => {}
+            () = received(self.interrupt.as_mut()) => {}
+        }
+    }
+}
+
+/// The next delivery of `signal`; never without one.
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// First SIGINT or SIGTERM: every engine of the process finishes and commits its open
 /// batch, then stops. Second: exit now (the open transactions are then aborted by the
 /// broker, nothing of them is visible).
-async fn stop_on_signals(shutdowns: Vec<Shutdown>) {
-    let stop = || shutdowns.iter().for_each(Shutdown::trigger);
-    let mut terminate =
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops gracefully");
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    stop();
-                    if tokio::signal::ctrl_c().await.is_ok() {
-                        std::process::exit(i32::from(EXIT_INTERRUPTED));
-                    }
-                }
-                return;
-            }
-        };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
+async fn stop_on_signals(shutdowns: Vec<Shutdown>, mut signals: Signals) {
+    signals.next().await;
     tracing::warn!("stopping after the open batch commits; signal again to exit at once");
-    stop();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
+    shutdowns.iter().for_each(Shutdown::trigger);
+    signals.next().await;
     eprintln!(
         "second signal: exiting now; the open batch is not committed and will be processed again"
     );
