@@ -576,7 +576,8 @@ impl Context<'_> {
         Err(Error::Config {
             key: "timers".into(),
             value: "(not used by this processor)".into(),
-            accepted: "a processor that implements `on_timer` and returns true from                        `Processor::uses_timers` (`#[processor(timer = method)]` does both)"
+            accepted: "a processor that implements `on_timer` and returns true from \
+                       `Processor::uses_timers` (`#[processor(timer = method)]` does both)"
                 .into(),
         })
     }
