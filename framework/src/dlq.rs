@@ -92,7 +92,7 @@ impl DeadLetterReplay {
             input: self.plan.dead_letter_topic.clone(),
             writes: self.plan.target.iter().cloned().collect(),
         };
-        let (replayed, passed_over) = kafka::blocking("replay dead letters", move || {
+        let (replayed, passed_over) = crate::blocking::blocking("replay dead letters", move || {
             kafka::replay_dead_letters(&self.options, &self.plan)
         })
         .await

@@ -224,7 +224,7 @@ impl Resolver {
             .create()
             .map_err(|e| kafka::kafka_error("create the half publisher", e))?;
         let init = transactional.clone();
-        kafka::blocking("init_transactions", move || {
+        crate::blocking::blocking("init_transactions", move || {
             init.init_transactions(TIMEOUT)
                 .map_err(|e| kafka::kafka_error("init_transactions", e))
         })
@@ -275,7 +275,7 @@ impl Resolver {
     async fn publish(&self, half: &HalfMessage, partition: i32) -> Result<()> {
         let producer = self.transactional.lock().await;
         let begin = producer.clone();
-        kafka::blocking("begin_transaction", move || {
+        crate::blocking::blocking("begin_transaction", move || {
             begin
                 .begin_transaction()
                 .map_err(|e| kafka::kafka_error("begin_transaction", e))
@@ -313,7 +313,7 @@ impl Resolver {
         }
         .await;
         let finish = producer.clone();
-        kafka::blocking("end the half's transaction", move || {
+        crate::blocking::blocking("end the half's transaction", move || {
             if sent.is_ok() {
                 finish
                     .commit_transaction(TIMEOUT)
@@ -363,7 +363,7 @@ impl TransactionalSender {
         let decided = local(message.clone()).await;
         // A sender that dies here, its local transaction ended and the half unresolved,
         // is what the check-back is for (the tests crash a child process here).
-        crate::engine::crash_point!("onceflow-half-after-local");
+        crate::crash::crash_point!("onceflow-half-after-local");
         let resolved = match decided {
             Decision::Commit => self
                 .resolver

@@ -33,8 +33,10 @@
 
 #[cfg(feature = "bench-internals")]
 mod bench;
+mod blocking;
 mod clock;
 mod config;
+mod crash;
 mod dlq;
 pub mod effects;
 mod engine;
@@ -48,6 +50,7 @@ mod processor;
 mod redact;
 #[cfg(feature = "runner")]
 mod runner;
+mod state;
 mod timers;
 mod txlog;
 pub mod windows;

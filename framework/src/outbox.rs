@@ -336,13 +336,13 @@ impl Active {
             .create()
             .map_err(|e| kafka::kafka_error("create the relay's producer", e))?;
         let init = producer.clone();
-        kafka::blocking("init_transactions", move || {
+        crate::blocking::blocking("init_transactions", move || {
             init.init_transactions(TIMEOUT)
                 .map_err(|e| kafka::kafka_error("init_transactions", e))
         })
         .await?;
         let (options, topic) = (options.clone(), progress.to_owned());
-        let position = kafka::blocking("read the relay's position", move || {
+        let position = crate::blocking::blocking("read the relay's position", move || {
             last_position(&options, &topic)
         })
         .await?;
@@ -376,7 +376,7 @@ impl Active {
             return Ok(0);
         }
         let producer = self.producer.clone();
-        kafka::blocking("begin_transaction", move || {
+        crate::blocking::blocking("begin_transaction", move || {
             producer
                 .begin_transaction()
                 .map_err(|e| kafka::kafka_error("begin_transaction", e))
@@ -456,11 +456,11 @@ impl Active {
             .add_partition_offset(progress, 0, rdkafka::Offset::Offset(0))
             .map_err(|e| kafka::kafka_error("the relay's offsets", e))?;
         let producer = self.producer.clone();
-        let committed = kafka::blocking("commit the relay's transaction", move || {
+        let committed = crate::blocking::blocking("commit the relay's transaction", move || {
             producer
                 .send_offsets_to_transaction(&offsets, &metadata, TIMEOUT)
                 .map_err(|e| kafka::kafka_error("send_offsets_to_transaction", e))?;
-            crate::engine::crash_point!("onceflow-outbox-before-commit");
+            crate::crash::crash_point!("onceflow-outbox-before-commit");
             producer
                 .commit_transaction(TIMEOUT)
                 .map_err(|e| kafka::kafka_error("commit_transaction", e))
@@ -485,7 +485,7 @@ impl Active {
     /// Aborts the open transaction (best effort) and returns `error`.
     async fn abort(&self, error: Error) -> Error {
         let producer = self.producer.clone();
-        let aborted = kafka::blocking("abort_transaction", move || {
+        let aborted = crate::blocking::blocking("abort_transaction", move || {
             producer
                 .abort_transaction(TIMEOUT)
                 .map_err(|e| kafka::kafka_error("abort_transaction", e))

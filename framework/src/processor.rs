@@ -6,7 +6,9 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::effects::{Intent, RecordedAt, idempotency_key};
 use crate::event::{Codec, Event, Json};
+use crate::state::StateStore;
 use crate::{Error, Result};
 
 /// A stream processor: handles one decoded input event at a time.
@@ -222,18 +224,6 @@ impl OutputRecord {
         self.timestamp_ms = Some(timestamp_ms);
         self
     }
-}
-
-/// Where a record's state lives while it is processed. The engine's is the transaction
-/// log's layered read (`txlog::Layers`: the record's own writes over the batch's over the
-/// committed log), so a failed attempt leaves nothing behind; `State` knows only this.
-pub(crate) trait StateStore: Send {
-    /// The value of `key` in `partition`, as the record sees it.
-    fn get(&self, partition: i32, key: &[u8]) -> Result<Option<Vec<u8>>>;
-    /// Sets `key` of `partition` to `value`.
-    fn put(&mut self, partition: i32, key: Vec<u8>, value: Vec<u8>);
-    /// Deletes `key` of `partition`.
-    fn delete(&mut self, partition: i32, key: Vec<u8>);
 }
 
 /// What a processor can do while handling one event.
@@ -456,9 +446,14 @@ impl Context<'_> {
             });
         };
         let index = self.effects_recorded;
-        let idempotency_key = crate::effects::idempotency_key(self.operator, self.meta, index);
-        let intent =
-            crate::effects::Intent::recorded(self.operator, kind, key, &idempotency_key, payload)?;
+        let at = RecordedAt {
+            event_id: self.meta.event_id.as_deref(),
+            topic: &self.meta.topic,
+            partition: self.meta.partition,
+            offset: self.meta.offset,
+        };
+        let idempotency_key = idempotency_key(self.operator, at, index);
+        let intent = Intent::recorded(self.operator, kind, key, &idempotency_key, payload)?;
         let value = Json.encode(&intent).map_err(|message| Error::Encode {
             what: format!("an effect intent for `{topic}`"),
             message,
@@ -471,11 +466,11 @@ impl Context<'_> {
             value: Some(value),
             headers: vec![
                 (
-                    crate::effects::KIND_HEADER.to_owned(),
+                    crate::wire::EFFECT_KIND_HEADER.to_owned(),
                     Some(kind.as_bytes().to_vec()),
                 ),
                 (
-                    crate::effects::IDEMPOTENCY_KEY_HEADER.to_owned(),
+                    crate::wire::IDEMPOTENCY_KEY_HEADER.to_owned(),
                     Some(idempotency_key.into_bytes()),
                 ),
             ],

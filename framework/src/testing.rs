@@ -67,7 +67,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::clock::Clock;
-use crate::engine::crash::CrashPlan;
+use crate::crash::CrashPlan;
 use crate::engine::drive::{self, Instance, Outcome};
 use crate::engine::fake::CommitFate as Fate;
 use crate::engine::fake::{FakeKafka, Kind, Stored, injected};

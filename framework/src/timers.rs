@@ -17,7 +17,7 @@
 //!   when the engine's clock passes them, event-time timers when the partition's event
 //!   time (its highest record timestamp seen, minus `timer_lateness`) does.
 
-use crate::processor::StateStore;
+use crate::state::StateStore;
 use crate::{Error, Result};
 
 pub(crate) use crate::wire::RESERVED_STATE_PREFIX as RESERVED;

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::seams::Cancel;
+use crate::engine::seams::{Cancel, Restore};
 use crate::engine::stats::{Phase, Stats};
 use crate::kafka::{self, ClientOptions, ReadEnd};
 use crate::txlog::{Change, TxLog};
@@ -161,14 +161,14 @@ pub(crate) async fn replay(
     let changelog = changelog.to_owned();
     let txlog = Arc::clone(txlog);
     let stats = Arc::clone(stats);
-    kafka::blocking("replay the changelog", move || {
+    crate::blocking::blocking("replay the changelog", move || {
         let what = format!("the replay of changelog partition {partition}");
         let started = std::time::Instant::now();
         forget_if_out_of_step(&txlog, &changelog, partition, tombstones_kept, &cancel)?;
         let mut replayed = 0u64;
         let remaining = metrics::gauge!("onceflow_replay_remaining_records", "partition" => partition.to_string());
         let mut apply = |changes: Vec<Change>, next: i64, end: i64| -> Result<()> {
-            crate::engine::crash_point!("onceflow-during-replay");
+            crate::crash::crash_point!("onceflow-during-replay");
             if changes.is_empty() {
                 return Ok(());
             }
@@ -260,6 +260,50 @@ pub(crate) async fn replay(
         Ok(())
     })
     .await
+}
+
+/// The engine's [`Restore`]: replays the changelog from Kafka into the transaction log.
+pub(crate) struct ChangelogReplay<'a> {
+    pub(crate) options: &'a ClientOptions,
+    pub(crate) changelog: &'a str,
+    pub(crate) txlog: &'a Arc<TxLog>,
+    pub(crate) stats: &'a Arc<Stats>,
+    /// How long replay waits for an open transaction that hides committed records.
+    pub(crate) wait: Duration,
+    /// `accept_changelog_behind`.
+    pub(crate) accept_behind: bool,
+    /// The changelog's `delete.retention.ms`.
+    pub(crate) tombstones_kept: Duration,
+    /// How long a replay that reached the committed offset still waits for a
+    /// transaction open since before it began (`transaction_timeout`).
+    pub(crate) in_doubt_wait: Duration,
+}
+
+impl Restore for ChangelogReplay<'_> {
+    fn restore(
+        &self,
+        partition: i32,
+        committed: Option<i64>,
+        cancel: &Cancel,
+    ) -> impl Future<Output = Result<()>> + Send {
+        replay(
+            self.options,
+            self.changelog,
+            partition,
+            committed,
+            self.wait,
+            self.accept_behind,
+            self.txlog,
+            self.stats,
+            cancel.clone(),
+            self.tombstones_kept,
+            self.in_doubt_wait,
+        )
+    }
+
+    fn progress(&self, partition: i32) -> Result<Option<i64>> {
+        self.txlog.progress(partition)
+    }
 }
 
 #[cfg(test)]

@@ -24,10 +24,11 @@ use std::time::{Duration, Instant};
 use crate::Error;
 use crate::Result;
 use crate::config::DeliveryMode;
+use crate::crash::crash_point;
 use crate::engine::batch::{Batch, Part};
+use crate::engine::changelog;
 use crate::engine::seams::{Landing, Outgoing, Sink, Source};
 use crate::engine::stats::Tally;
-use crate::engine::{changelog, crash_point};
 use crate::kafka;
 use crate::txlog::{Change, Landed, Overlay};
 
@@ -250,7 +251,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
         let transactional = config.delivery == DeliveryMode::ExactlyOnce;
         let sync_interval = config.txlog_sync_interval;
         let apply = Instant::now();
-        kafka::blocking("apply the batch to the transaction log", move || {
+        crate::blocking::blocking("apply the batch to the transaction log", move || {
             txlog.apply_committed(&applied, transactional, sync_interval)
         })
         .await?;

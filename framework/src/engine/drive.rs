@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::Error;
 use crate::config::EngineConfig;
-use crate::engine::crash::CrashPlan;
+use crate::crash::CrashPlan;
 use crate::engine::fake::{FakeKafka, MemoryReplay};
 use crate::engine::recover::{Parts, Resync, first_producer};
 use crate::engine::stats::{Phase, Shutdown, Stats};

@@ -1589,8 +1589,8 @@ impl MemoryReplay<'_> {
             })?;
             Stats::add(&self.stats.replayed_records, chunk.len() as u64);
             #[cfg(feature = "testing")]
-            if index + 1 < chunks && crate::engine::crash::due("onceflow-during-replay") {
-                crate::engine::crash::hang().await;
+            if index + 1 < chunks && crate::crash::due("onceflow-during-replay") {
+                crate::crash::hang().await;
             }
             let _ = (index, chunks);
         }

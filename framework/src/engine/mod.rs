@@ -60,8 +60,6 @@ mod backoff;
 mod batch;
 mod changelog;
 mod commit;
-#[cfg(feature = "testing")]
-pub(crate) mod crash;
 pub(crate) mod dead_letters;
 #[cfg(feature = "testing")]
 pub(crate) mod drive;
@@ -98,8 +96,9 @@ use crate::kafka::{self, ClientOptions, InputConsumer, Isolation};
 use crate::processor::Processor;
 use crate::txlog::{self, Opened, TxLog};
 use backoff::retry_transient;
+use changelog::ChangelogReplay;
 use recover::{Parts, Resync};
-use seams::{ChangelogReplay, NewProducer};
+use seams::NewProducer;
 
 /// librdkafka's default `message.max.bytes`.
 pub(crate) const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
@@ -108,36 +107,6 @@ pub(crate) const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 pub(super) const REPLAY_WAIT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long the start-up connection check waits for the cluster to answer.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Named points (feature `failpoints`): `onceflow-after-process`, `onceflow-after-produce`,
-/// `onceflow-before-send-offsets`, `onceflow-before-commit`,
-/// `onceflow-after-commit-before-apply` and `onceflow-during-replay` crash the process;
-/// `onceflow-fail-batch` fails the batch with a retriable error instead.
-///
-/// Crashes the process at a named point when the failpoint is configured (feature
-/// `failpoints`; e.g. `FAILPOINTS=onceflow-before-commit=3*off->return` crashes at the
-/// fourth pass). A crash is `abort()`: no destructor, no flush, like a power cut.
-///
-/// `crash_point!(await "name")`, in the batch's async code, also crashes a test driver's
-/// engine there when the test armed it (feature `testing`): the engine's future never
-/// finishes, the driver drops it, like the process that died (see `crash.rs`).
-macro_rules! crash_point {
-    (await $name:literal) => {
-        $crate::engine::crash_point!($name);
-        #[cfg(feature = "testing")]
-        if $crate::engine::crash::due($name) {
-            $crate::engine::crash::hang().await;
-        }
-    };
-    ($name:literal) => {
-        #[cfg(feature = "failpoints")]
-        if fail::eval($name, |_| ()).is_some() {
-            eprintln!("onceflow: failpoint {} hit: crashing", $name);
-            std::process::abort();
-        }
-    };
-}
-pub(crate) use crash_point;
 
 /// Runs one instance of an operator until it is shut down or fails.
 #[derive(Debug)]
@@ -207,7 +176,7 @@ impl Engine {
         let dir = config.instance_dir();
         let root = config.state_dir.clone();
         let cache_size = config.txlog_cache_size;
-        let (txlog, opened) = kafka::blocking("open the transaction log", move || {
+        let (txlog, opened) = crate::blocking::blocking("open the transaction log", move || {
             // The instance's own directory is checked by `open`; a state dir that existed
             // before must not be someone else's either.
             if root.is_dir() {

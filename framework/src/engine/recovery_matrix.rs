@@ -841,7 +841,7 @@ impl crate::engine::seams::Restore for BlockingReplay {
     ) -> crate::Result<()> {
         let applied = Arc::clone(&self.applied);
         let cancel = cancel.clone();
-        crate::kafka::blocking("replay", move || {
+        crate::blocking::blocking("replay", move || {
             for _ in 0..5 {
                 // Reading a chunk of the changelog.
                 std::thread::sleep(Duration::from_millis(40));

@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
-use crate::engine::stats::Stats;
 use crate::kafka::{ClientOptions, Holder, InputConsumer, OutputProducer, Pending, Polled};
-use crate::txlog::TxLog;
 use crate::{Error, Result};
 
 /// A record to send: topic, explicit partition or none (the key decides), key, value,
@@ -256,50 +254,6 @@ pub(crate) struct NewProducer<'a> {
 impl Renew<OutputProducer> for NewProducer<'_> {
     fn renew(&self) -> impl Future<Output = Result<OutputProducer>> + Send {
         new_producer(self.options, self.config)
-    }
-}
-
-/// Replays the changelog from Kafka into the transaction log (`changelog.rs`).
-pub(crate) struct ChangelogReplay<'a> {
-    pub(crate) options: &'a ClientOptions,
-    pub(crate) changelog: &'a str,
-    pub(crate) txlog: &'a Arc<TxLog>,
-    pub(crate) stats: &'a Arc<Stats>,
-    /// How long replay waits for an open transaction that hides committed records.
-    pub(crate) wait: Duration,
-    /// `accept_changelog_behind`.
-    pub(crate) accept_behind: bool,
-    /// The changelog's `delete.retention.ms`.
-    pub(crate) tombstones_kept: Duration,
-    /// How long a replay that reached the committed offset still waits for a
-    /// transaction open since before it began (`transaction_timeout`).
-    pub(crate) in_doubt_wait: Duration,
-}
-
-impl Restore for ChangelogReplay<'_> {
-    fn restore(
-        &self,
-        partition: i32,
-        committed: Option<i64>,
-        cancel: &Cancel,
-    ) -> impl Future<Output = Result<()>> + Send {
-        crate::engine::changelog::replay(
-            self.options,
-            self.changelog,
-            partition,
-            committed,
-            self.wait,
-            self.accept_behind,
-            self.txlog,
-            self.stats,
-            cancel.clone(),
-            self.tombstones_kept,
-            self.in_doubt_wait,
-        )
-    }
-
-    fn progress(&self, partition: i32) -> Result<Option<i64>> {
-        self.txlog.progress(partition)
     }
 }
 

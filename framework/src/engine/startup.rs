@@ -222,7 +222,7 @@ pub(super) async fn adopt_changelog(
     };
     let log = std::sync::Arc::clone(txlog);
     let adopt = id.clone();
-    let was = kafka::blocking("record the changelog's topic ID", move || {
+    let was = crate::blocking::blocking("record the changelog's topic ID", move || {
         log.adopt_changelog(&adopt)
     })
     .await?;

@@ -23,13 +23,14 @@ use std::panic::AssertUnwindSafe;
 use futures_util::FutureExt;
 
 use crate::engine::batch::{Batch, Part, merge};
-use crate::engine::dead_letters::{DLQ_TIMER, FailureClass};
+use crate::engine::dead_letters::FailureClass;
 use crate::engine::record::Rules;
 use crate::engine::seams::{Sink, Source};
 use crate::kafka;
 use crate::processor::{Context, Processor, RecordMeta};
 use crate::timers::{self, Timer, TimerClock};
 use crate::txlog::View;
+use crate::wire::DLQ_TIMER;
 use crate::{Error, Result};
 
 /// Timers fired per partition per pass, at most (the rest fire in the next).

@@ -9,7 +9,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 #[cfg(feature = "testkit")]
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
-use super::{ClientOptions, blocking, kafka_error};
+use super::{ClientOptions, kafka_error};
+use crate::blocking::blocking;
 use crate::{Error, Result};
 
 /// Creates `name` with `partitions` partitions (replication factor 1 unless `configs`

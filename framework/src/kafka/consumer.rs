@@ -21,8 +21,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, Offset, Statistics, TopicPartitionList};
 
-use super::{ClientOptions, Isolation, Record, blocking, kafka_error, types::to_record};
+use super::{ClientOptions, Isolation, Record, kafka_error, types::to_record};
 use crate::Result;
+use crate::blocking::blocking;
 
 /// A change of assignment, as seen between two batches.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,7 +2,6 @@
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use super::security;
 use crate::Error;
 use crate::error::{ErrorClass, KafkaCode, Operation};
 use crate::redact;
@@ -22,7 +21,7 @@ pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) ->
         // Transactional API errors carry librdkafka's own verdict; use it as is.
         // A refused credential or a missing ACL stays refused however often the call
         // is made or the transaction aborted: stop, whatever else librdkafka says.
-        let class = if rd.is_fatal() || security::is_refused(rd.code()) {
+        let class = if rd.is_fatal() || is_refused(rd.code()) {
             ErrorClass::Fatal
         } else if rejects_the_record(rd.code()) {
             ErrorClass::Rejected
@@ -128,7 +127,7 @@ fn rejects_the_record(code: RDKafkaErrorCode) -> bool {
 /// Classifies a bare error code, for calls outside the transactional API.
 pub(crate) fn classify_code(code: RDKafkaErrorCode) -> ErrorClass {
     use RDKafkaErrorCode as C;
-    if security::is_refused(code) {
+    if is_refused(code) {
         return ErrorClass::Fatal;
     }
     if rejects_the_record(code) {
@@ -191,6 +190,20 @@ pub(crate) fn levels_logged(run: impl FnOnce()) -> Vec<tracing::Level> {
     let subscriber = tracing_subscriber::registry().with(Levels(Arc::clone(&levels)));
     tracing::subscriber::with_default(subscriber, run);
     levels.lock().map(|seen| seen.clone()).expect("levels")
+}
+
+/// Whether librdkafka's error code means the cluster refused this client: its credentials
+/// or one of its ACLs. Retrying cannot help.
+fn is_refused(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::Authentication
+    )
 }
 
 #[cfg(test)]

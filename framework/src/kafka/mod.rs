@@ -5,7 +5,6 @@
 //! [`blocking`], so no tokio worker ever waits on the broker.
 
 mod admin;
-mod blocking;
 mod consumer;
 mod deliveries;
 mod dlq;
@@ -23,7 +22,6 @@ mod write;
 #[cfg(feature = "testkit")]
 pub(crate) use admin::{alter_topic_config, probe, with_metadata};
 pub(crate) use admin::{create_topic, ensure_topic, partition_count, replica_count, topic_config};
-pub(crate) use blocking::blocking;
 pub(crate) use consumer::{Holder, InputConsumer, Polled, Rebalanced};
 pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
 #[cfg(any(test, feature = "testing"))]

@@ -11,7 +11,8 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 pub(crate) use super::deliveries::Pending;
 use super::deliveries::{Deliveries, Ledgered};
-use super::{ClientOptions, InputConsumer, blocking, kafka_error};
+use super::{ClientOptions, InputConsumer, kafka_error};
+use crate::blocking::blocking;
 use crate::wire::FENCE_PROBE_KEY;
 use crate::{Error, Result};
 

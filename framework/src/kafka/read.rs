@@ -8,7 +8,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::types::to_record;
-use super::{ClientOptions, Isolation, Record, blocking, kafka_error};
+use super::{ClientOptions, Isolation, Record, kafka_error};
+use crate::blocking::blocking;
 use crate::{Error, Result};
 
 /// Reads every partition of `topic` from the beginning to its end as of now and returns

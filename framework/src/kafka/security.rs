@@ -22,7 +22,8 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
 
-use super::{ClientOptions, blocking, kafka_error};
+use super::{ClientOptions, kafka_error};
+use crate::blocking::blocking;
 use crate::{Error, Result};
 
 /// A client context that keeps the first authentication or TLS failure librdkafka reports.
@@ -190,20 +191,6 @@ pub(crate) fn explain(error: Error, options: &ClientOptions, names: &Resources) 
         operation: operation.clone(),
         detail: format!("{message} ({code})"),
     }
-}
-
-/// Whether librdkafka's error code means the cluster refused this client: its credentials
-/// or one of its ACLs. Retrying cannot help.
-pub(super) fn is_refused(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::TopicAuthorizationFailed
-            | RDKafkaErrorCode::GroupAuthorizationFailed
-            | RDKafkaErrorCode::ClusterAuthorizationFailed
-            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
-            | RDKafkaErrorCode::SaslAuthenticationFailed
-            | RDKafkaErrorCode::Authentication
-    )
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ use rdkafka::bindings as ffi;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::{ClientOptions, blocking, kafka_error};
+use super::{ClientOptions, kafka_error};
+use crate::blocking::blocking;
 use crate::{Error, Result};
 
 /// The ID of `topic` in base64 (as Kafka's tools print it), `None` when the topic does not

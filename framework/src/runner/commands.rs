@@ -8,7 +8,6 @@ use super::settings::Settings;
 use crate::Result;
 use crate::config::EngineConfig;
 use crate::dlq::DeadLetterReplay;
-use crate::kafka;
 use crate::txlog::TxLog;
 
 /// Prints every setting, its value and where it came from. The settings were checked
@@ -70,11 +69,12 @@ pub(super) fn topic_mapping(settings: &Settings) -> String {
 /// while the instance runs (the file is locked), so it never reads a half-applied batch.
 pub(super) async fn inspect(config: &EngineConfig) -> Result<()> {
     let dir = config.instance_dir();
-    let (partitions, bytes, path) = kafka::blocking("inspect the transaction log", move || {
-        let txlog = TxLog::open_read_only(&dir)?;
-        Ok((txlog.stats()?, txlog.file_size()?, txlog.path().to_owned()))
-    })
-    .await?;
+    let (partitions, bytes, path) =
+        crate::blocking::blocking("inspect the transaction log", move || {
+            let txlog = TxLog::open_read_only(&dir)?;
+            Ok((txlog.stats()?, txlog.file_size()?, txlog.path().to_owned()))
+        })
+        .await?;
     let mut out = format!(
         "transaction log {} ({bytes} bytes), group `{}`, instance `{}`\n",
         path.display(),

@@ -32,13 +32,10 @@ mod pki;
 mod postgres;
 mod secure;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::Result;
-use crate::kafka::{self as client, ClientOptions};
 pub use crate::kafka::{Isolation, OutgoingRecord, Record};
-pub use broker::{KAFKA_VERSION, KeptBroker, LOCAL_IMAGE, OFFICIAL_IMAGE, kafka};
+pub use broker::{KAFKA_VERSION, Kafka, KeptBroker, LOCAL_IMAGE, OFFICIAL_IMAGE, kafka};
 pub use cluster::{Cluster, cluster};
 pub use pki::{CLIENT_COMMON_NAME, CertifiedKeyPem, TestPki};
 pub use postgres::{Postgres, postgres};
@@ -65,12 +62,12 @@ const PAUSE_TRIES: u32 = 5;
 pub(crate) async fn pause_with_retries<P, PF, U, UF, E>(
     mut pause: P,
     mut unpause: U,
-) -> std::result::Result<(), E>
+) -> Result<(), E>
 where
     P: FnMut() -> PF,
-    PF: Future<Output = std::result::Result<(), E>>,
+    PF: Future<Output = Result<(), E>>,
     U: FnMut() -> UF,
-    UF: Future<Output = std::result::Result<(), E>>,
+    UF: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
     let mut tries = 1;
@@ -90,153 +87,6 @@ where
     }
 }
 
-/// A broker the tests can talk to.
-#[derive(Debug)]
-pub struct Kafka {
-    options: ClientOptions,
-    broker: broker::Broker,
-}
-
-impl Kafka {
-    /// A handle on a broker that is already running (nothing is started or checked).
-    pub fn connect(bootstrap_servers: impl Into<String>) -> Kafka {
-        Kafka::connect_with(bootstrap_servers, &[])
-    }
-
-    /// A handle on a broker that is already running whose clients (the producer of
-    /// [`Kafka::produce`], the readers) are given `properties`, `compression.type` for one.
-    pub fn connect_with(
-        bootstrap_servers: impl Into<String>,
-        properties: &[(&str, &str)],
-    ) -> Kafka {
-        let properties: Vec<(String, String)> = properties
-            .iter()
-            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-            .collect();
-        Kafka {
-            options: ClientOptions::with_properties(bootstrap_servers, &properties),
-            broker: broker::Broker::External,
-        }
-    }
-
-    /// Whether `topic` exists.
-    pub async fn topic_exists(&self, topic: &str) -> Result<bool> {
-        Ok(
-            client::partition_count(&self.options, topic, DEFAULT_TIMEOUT)
-                .await?
-                .is_some(),
-        )
-    }
-
-    /// `host:port` to give clients as `bootstrap.servers`.
-    pub fn bootstrap_servers(&self) -> &str {
-        &self.options.bootstrap_servers
-    }
-
-    /// Creates a topic with `partitions` partitions and waits until each has a leader.
-    pub async fn create_topic(&self, name: &str, partitions: i32) -> Result<()> {
-        self.create_topic_with(name, partitions, &[]).await
-    }
-
-    /// Creates a topic with topic-level `configs` (e.g. `("cleanup.policy", "compact")`).
-    pub async fn create_topic_with(
-        &self,
-        name: &str,
-        partitions: i32,
-        configs: &[(&str, &str)],
-    ) -> Result<()> {
-        client::create_topic(&self.options, name, partitions, configs, DEFAULT_TIMEOUT).await
-    }
-
-    /// Sets topic-level configuration `name` = `value` on an existing topic (e.g. lower
-    /// `max.message.bytes` under a running processor).
-    pub async fn alter_topic_config(&self, topic: &str, name: &str, value: &str) -> Result<()> {
-        client::alter_topic_config(&self.options, topic, name, value, DEFAULT_TIMEOUT).await
-    }
-
-    /// Writes records with an idempotent producer and returns where each landed
-    /// (`(partition, offset)`, in order).
-    pub async fn produce(
-        &self,
-        topic: &str,
-        records: impl IntoIterator<Item = OutgoingRecord>,
-    ) -> Result<Vec<(i32, i64)>> {
-        client::produce(
-            &self.options,
-            topic,
-            records.into_iter().collect(),
-            DEFAULT_TIMEOUT,
-        )
-        .await
-    }
-
-    /// Reads `topic` from the beginning to its current end under `isolation`, in
-    /// partition then offset order.
-    pub async fn read_to_end(&self, topic: &str, isolation: Isolation) -> Result<Vec<Record>> {
-        client::read_to_end(&self.options, topic, isolation, DEFAULT_TIMEOUT).await
-    }
-
-    /// Each partition of `topic` with its last stable offset and high watermark: one
-    /// whose last stable offset stays below its high watermark has a transaction open
-    /// (or hanging) that every `read_committed` reader stops at.
-    pub async fn stable_ends(&self, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>> {
-        client::stable_ends(&self.options, topic, DEFAULT_TIMEOUT).await
-    }
-
-    /// The offsets `group` has committed on each partition of `topic`.
-    pub async fn committed_offsets(
-        &self,
-        group: &str,
-        topic: &str,
-    ) -> Result<BTreeMap<i32, Option<i64>>> {
-        client::committed_offsets(&self.options, group, topic, DEFAULT_TIMEOUT).await
-    }
-
-    /// Bit rot on the broker's disk: overwrites the first byte of the first stored copy of
-    /// `needle` (letters, digits, `-`, `_`, `.`) in the log of `topic`'s `partition`, so
-    /// the batch holding it fails its CRC when read. Returns the byte's position in its
-    /// segment. Only possible on a broker the testkit started.
-    pub async fn corrupt(&self, topic: &str, partition: i32, needle: &str) -> Result<u64> {
-        self.broker.corrupt(topic, partition, needle).await
-    }
-
-    /// Freezes the broker (every client request goes unanswered) until [`Kafka::unpause`].
-    /// Only possible on a broker the testkit started.
-    pub async fn pause(&self) -> Result<()> {
-        self.broker.pause().await
-    }
-
-    /// Lets a paused broker go on.
-    pub async fn unpause(&self) -> Result<()> {
-        self.broker.unpause().await
-    }
-
-    /// `true` when the testkit started this broker (and so can pause it).
-    pub fn is_managed(&self) -> bool {
-        self.broker.is_managed()
-    }
-
-    /// The last `lines` lines the broker logged, for failure messages.
-    pub async fn log_tail(&self, lines: usize) -> String {
-        self.broker.log_tail(lines).await
-    }
-
-    /// Leaves the broker running when this process exits, instead of removing its
-    /// container, so that later programs can use it (the quickstart's `--keep-broker`).
-    /// The container is named `name`, and whoever keeps it removes it:
-    /// `docker rm -f <name>`. It goes on advertising [`Kafka::bootstrap_servers`], a
-    /// port on this machine. `Ok(None)` when the testkit did not start the broker.
-    ///
-    /// # Errors
-    /// When the container cannot be named `name` (a container of that name exists, a
-    /// broker kept earlier perhaps); it is then removed at exit as usual.
-    pub async fn keep_running(&self, name: &str) -> Result<Option<KeptBroker>> {
-        self.broker
-            .keep_running(name, self.bootstrap_servers())
-            .await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -244,7 +94,7 @@ mod tests {
     use super::*;
 
     /// A pause that fails with `errors` in turn, then succeeds; counts the unpauses.
-    async fn pause_failing(errors: &[&str]) -> (std::result::Result<(), String>, usize, usize) {
+    async fn pause_failing(errors: &[&str]) -> (Result<(), String>, usize, usize) {
         let (pauses, unpauses) = (Cell::new(0), Cell::new(0));
         let result = pause_with_retries(
             || {

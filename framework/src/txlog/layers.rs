@@ -9,11 +9,11 @@
 //! ```
 //!
 //! The processor's `State` reads and writes through [`Layers`] as a
-//! [`crate::processor::StateStore`]; it knows nothing of the layers.
+//! [`crate::state::StateStore`]; it knows nothing of the layers.
 
 use super::{Overlay, Snapshot};
 use crate::Result;
-use crate::processor::StateStore;
+use crate::state::StateStore;
 
 /// What a batch reads through: the committed log as of its start (or its last split),
 /// and its own writes since.

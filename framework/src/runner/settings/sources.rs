@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 use clap::ArgMatches;
 use clap::parser::ValueSource;
 
-use super::Source;
-use super::env_name;
 use super::table::{SETTINGS, Setting};
+use super::values::{Source, env_name};
 use crate::Error;
 use crate::redact;
 

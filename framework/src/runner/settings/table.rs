@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Declared, LogFormat, Role, Settings, Source};
+use super::values::{Declared, LogFormat, Role, Settings, Source};
 use crate::Error;
 use crate::config::GroupTopic;
 

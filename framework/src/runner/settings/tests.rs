@@ -6,6 +6,7 @@ use clap::Command;
 
 use super::table::instance_id_from;
 use super::*;
+use crate::config::EngineConfig;
 
 fn command() -> Command {
     Command::new("test").args(arguments())

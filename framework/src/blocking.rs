@@ -18,7 +18,7 @@ where
     // Kafka) in place: on the paused clock a wait for the blocking pool lets timers fire
     // early, and one seed of the simulation would not replay one schedule exactly.
     #[cfg(feature = "testing")]
-    if crate::engine::crash::in_driver() {
+    if crate::crash::in_driver() {
         return call();
     }
     tokio::task::spawn_blocking(call)

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
-use crate::engine::crash_point;
-use crate::engine::dead_letters::{FailureClass, Failures};
+use crate::crash::crash_point;
+use crate::engine::dead_letters::FailureClass;
 use crate::engine::record::{Retry, Rules, Seen, Verdict};
 use crate::engine::seams::{Outgoing, Sink, Source};
 use crate::engine::stats::Stats;
@@ -17,6 +17,17 @@ use crate::kafka;
 use crate::processor::Processor;
 use crate::txlog::{Change, Overlay, Snapshot, TxLog, View};
 use crate::{Error, Result};
+
+mod on_error;
+
+/// Records of this batch that could not be processed.
+pub(super) struct Failures<P> {
+    pub(super) pending: Vec<P>,
+    /// At most once: the dead letters, sent once the part is applied.
+    pub(super) deferred: Vec<crate::processor::Output>,
+    pub(super) dead_lettered: u64,
+    pub(super) skipped: u64,
+}
 
 /// One batch's surroundings (the producer is the one recovery may have renewed).
 pub(super) struct Batch<'a, S, K> {

@@ -1,125 +1,17 @@
-//! Exactly-once side effects: a processor records *intents*, an executor applies them.
-//!
-//! A handler never calls the outside world inside its Kafka transaction: it calls
-//! [`crate::Context::effect`], which writes an [`Intent`] to the operator's effects topic
-//! (`<group>-effects`, with [`crate::EngineConfig::with_effects`]) in the batch's
-//! transaction, with the outputs, state changes and offsets. So an intent exists exactly
-//! once: an aborted batch takes its intents back, a duplicate event records none. Each
-//! intent carries an **idempotency key** made of the operator, the event's ID (or, without
-//! one, its input topic, partition and offset) and the effect's index within the record:
-//! the same in every attempt, never random.
-//!
-//! An [`Executor`] is an onceflow processor of the effects topic (its own consumer group,
-//! `<group>-effects-executor`, `read_committed`, scalable like any processor; start one
-//! with [`executor`]). For each intent it calls the user's [`Effect::apply`] and records
-//! the outcome in a transaction with the intent's offset: a result record (on a topic
-//! the processor or another consumes, [`EffectResult`], whose event ID is the
-//! idempotency key) and nothing else, so "charge, then record the charge" is two
-//! processors and one effect.
-//!
-//! With the runner, `onceflow::run_with_effects(processor, effect)` gives one binary both
-//! roles (setting `role`: `processor`, `effects` or `all`); `examples/examples/shop/` is
-//! a whole flow built that way.
-//!
-//! # The guarantee
-//!
-//! - **Systems that honour an idempotency key** (payment APIs, most HTTP services with an
-//!   `Idempotency-Key` header): an ambiguous outcome ([`Outcome::Ambiguous`]: a timeout,
-//!   a 5xx, a connection lost) is tried again *with the same key*, with back-off, never
-//!   assumed failed; after a crash the intents after the executor's committed offset are
-//!   applied again, with the same keys. The outside system sees the effect once.
-//! - **Systems that honour none** ([`Effect::checks_back`] is `true`): before an apply, the
-//!   executor writes a *pending* marker for the key (`<executor group>-pending`, compacted,
-//!   acknowledged by every in-sync replica before the apply starts). An intent whose key
-//!   is pending was perhaps applied: the executor asks [`Effect::check`] (RocketMQ's
-//!   `checkLocalTransaction`) and applies it only on [`Checked::NotDone`]. The marker is
-//!   removed (a tombstone) in the transaction that records the result.
-//! - **Bounded**: an intent that stays ambiguous, or whose check-back stays
-//!   [`Checked::Unknown`], for [`Bounds`] (20 tries or 60 s by default) is dead-lettered on
-//!   the executor's dead-letter topic (`<executor group>-dlq`) with the reason, an error
-//!   log and `onceflow_effects_unresolved_total` — never dropped, never retried forever.
-//!   [`Outcome::Refused`] (a definite "no", a 4xx) is dead-lettered at once.
-//!
-//! # Limits
-//!
-//! - An effect reaches the outside world *after* its batch commits, not with it.
-//! - Check-back cannot fence a zombie: an executor cut off in the middle of an apply that
-//!   lands after its successor checked the key back would apply it twice. Only an
-//!   idempotency key closes that window; use one where the system offers it.
-//! - Pending markers known to an instance are kept in memory from the partition's
-//!   assignment (about 100 bytes each) and read again at every assignment.
-//!
-//! Metrics: `onceflow_effects_applied_total`, `_retried_total`, `_checked_back_total`,
-//! `_unresolved_total` (all labelled `kind`), `onceflow_effects_pending` and the histogram
-//! `onceflow_effect_apply_seconds`.
+//! The executor side of effects: an onceflow processor of the effects topic that applies
+//! each intent through the user's [`Effect`] and records the outcome (see the module
+//! [`crate::effects`] for the guarantee).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::intent::Intent;
+use crate::wire::IDEMPOTENCY_KEY_HEADER;
+
 use crate::kafka::{self, ClientOptions};
-use crate::processor::RecordMeta;
 use crate::{Context, Engine, EngineConfig, Error, Event, OutputRecord, Processor, Result};
-
-pub use crate::wire::{EFFECT_KIND_HEADER as KIND_HEADER, IDEMPOTENCY_KEY_HEADER};
-
-/// A side effect a processor recorded, as the executor receives it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Intent {
-    /// The operator (consumer group) that recorded it.
-    pub operator: String,
-    /// What to do, as the processor named it (`"charge"`, `"notify-warehouse"`).
-    pub kind: String,
-    /// The ordering key: effects of one key are applied in the order recorded.
-    pub key: String,
-    /// The same in every attempt: hand it to the outside system.
-    pub idempotency_key: String,
-    /// What the processor passed.
-    pub payload: serde_json::Value,
-}
-
-impl Intent {
-    pub(crate) fn recorded<V: Serialize + ?Sized>(
-        operator: &str,
-        kind: &str,
-        key: &str,
-        idempotency_key: &str,
-        payload: &V,
-    ) -> Result<Intent> {
-        let payload = serde_json::to_value(payload).map_err(|e| Error::Encode {
-            what: format!("the payload of a `{kind}` effect"),
-            message: e.to_string(),
-        })?;
-        Ok(Intent {
-            operator: operator.to_owned(),
-            kind: kind.to_owned(),
-            key: key.to_owned(),
-            idempotency_key: idempotency_key.to_owned(),
-            payload,
-        })
-    }
-}
-
-impl Event for Intent {
-    // The executor deduplicates intents by their key, like any onceflow processor.
-    fn event_id(&self) -> Option<String> {
-        Some(self.idempotency_key.clone())
-    }
-}
-
-/// The idempotency key of the `index`-th effect recorded while processing the record
-/// `meta` describes: `operator/event-id/index`, or `operator/topic-partition@offset/index`
-/// for an event without an ID.
-pub(crate) fn idempotency_key(operator: &str, meta: &RecordMeta, index: u32) -> String {
-    match &meta.event_id {
-        Some(id) => format!("{operator}/{id}/{index}"),
-        None => format!(
-            "{operator}/{}-{}@{}/{index}",
-            meta.topic, meta.partition, meta.offset
-        ),
-    }
-}
 
 /// What an apply came to.
 #[derive(Debug, Clone, PartialEq)]
@@ -333,7 +225,7 @@ async fn wait_for_effects_topic(options: &ClientOptions, topic: &str) -> Result<
     }
 }
 
-/// Applies the intents of an effects topic; see the [module](self).
+/// Applies the intents of an effects topic; see the [module](crate::effects).
 pub struct Executor<E> {
     name: String,
     effect: E,
@@ -487,7 +379,7 @@ impl<E: Effect> Processor for Executor<E> {
             Outcome::Applied(result) => {
                 // A crash here, between the apply and the record of it, is what the
                 // check-back resolves (the tests crash a child process here).
-                crate::engine::crash_point!("onceflow-effect-applied");
+                crate::crash::crash_point!("onceflow-effect-applied");
                 metrics::counter!("onceflow_effects_applied_total", "kind" => intent.kind.clone())
                     .increment(1);
                 self.record(&intent, result, false, ctx)
@@ -531,7 +423,7 @@ impl PendingMarkers {
             return Ok(());
         }
         let (options, topic, wait) = (self.options.clone(), self.topic.clone(), self.wait);
-        let keys = kafka::blocking("read the pending effects", move || {
+        let keys = crate::blocking::blocking("read the pending effects", move || {
             read_markers(&options, &topic, partition, wait)
         })
         .await
@@ -604,34 +496,6 @@ fn read_markers(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn meta(event_id: Option<&str>) -> RecordMeta {
-        RecordMeta {
-            topic: "payments".into(),
-            partition: 2,
-            offset: 41,
-            timestamp_ms: None,
-            headers: Vec::new(),
-            event_id: event_id.map(str::to_owned),
-        }
-    }
-
-    #[test]
-    fn idempotency_keys_come_from_the_operator_the_event_and_the_index() {
-        assert_eq!(
-            idempotency_key("billing", &meta(Some("e-7")), 0),
-            "billing/e-7/0"
-        );
-        assert_eq!(
-            idempotency_key("billing", &meta(Some("e-7")), 3),
-            "billing/e-7/3"
-        );
-        // Without an event ID, the input position: the same in every attempt.
-        assert_eq!(
-            idempotency_key("billing", &meta(None), 1),
-            "billing/payments-2@41/1"
-        );
-    }
 
     struct Never;
 

@@ -5,15 +5,52 @@
 //!
 //! The plan is task-local: tests running in parallel in one binary do not see each
 //! other's crashes, and the engine outside a driver never has one.
+//!
+//! `crash_point!` marks the points, for the test driver and for the `failpoints` feature
+//! alike; this module imports nothing of the crate, so any module may mark one.
 
+#[cfg(feature = "testing")]
 use std::sync::{Arc, Mutex};
 
+#[cfg(feature = "testing")]
 use tokio::sync::Notify;
 
+/// Named points (feature `failpoints`): `onceflow-after-process`, `onceflow-after-produce`,
+/// `onceflow-before-send-offsets`, `onceflow-before-commit`,
+/// `onceflow-after-commit-before-apply` and `onceflow-during-replay` crash the process;
+/// `onceflow-fail-batch` fails the batch with a retriable error instead.
+///
+/// Crashes the process at a named point when the failpoint is configured (feature
+/// `failpoints`; e.g. `FAILPOINTS=onceflow-before-commit=3*off->return` crashes at the
+/// fourth pass). A crash is `abort()`: no destructor, no flush, like a power cut.
+///
+/// `crash_point!(await "name")`, in the batch's async code, also crashes a test driver's
+/// engine there when the test armed it (feature `testing`): the engine's future never
+/// finishes, the driver drops it, like the process that died (see the module's documentation).
+macro_rules! crash_point {
+    (await $name:literal) => {
+        $crate::crash::crash_point!($name);
+        #[cfg(feature = "testing")]
+        if $crate::crash::due($name) {
+            $crate::crash::hang().await;
+        }
+    };
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        if ::fail::eval($name, |_| ()).is_some() {
+            eprintln!("onceflow: failpoint {} hit: crashing", $name);
+            std::process::abort();
+        }
+    };
+}
+pub(crate) use crash_point;
+
+#[cfg(feature = "testing")]
 tokio::task_local! {
     static PLAN: Arc<CrashPlan>;
 }
 
+#[cfg(feature = "testing")]
 /// Which crash points are armed, and which one was hit.
 #[derive(Debug, Default)]
 pub(crate) struct CrashPlan {
@@ -21,6 +58,7 @@ pub(crate) struct CrashPlan {
     hit: Notify,
 }
 
+#[cfg(feature = "testing")]
 #[derive(Debug, Default)]
 struct Armed {
     /// (point, crash at the nth pass, passes so far).
@@ -29,6 +67,7 @@ struct Armed {
     crashed: Option<&'static str>,
 }
 
+#[cfg(feature = "testing")]
 impl CrashPlan {
     /// Crashes at the `nth` pass (1: the next) through `point`.
     pub(crate) fn arm(&self, point: &'static str, nth: u32) {
@@ -83,16 +122,19 @@ impl CrashPlan {
     }
 }
 
+#[cfg(feature = "testing")]
 /// Whether this task is a test driver's engine (it runs inside a plan's scope).
 pub(crate) fn in_driver() -> bool {
     PLAN.try_with(|_| ()).is_ok()
 }
 
+#[cfg(feature = "testing")]
 /// Whether the task's plan crashes at `point` now (counting the pass).
 pub(crate) fn due(point: &str) -> bool {
     PLAN.try_with(|plan| plan.pass(point)).unwrap_or(false)
 }
 
+#[cfg(feature = "testing")]
 /// The crashed engine: it never goes on.
 pub(crate) async fn hang() {
     std::future::pending::<()>().await;
