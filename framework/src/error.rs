@@ -304,32 +304,94 @@ impl ErrorClass {
     }
 }
 
-/// A Kafka error code, as librdkafka reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KafkaCode(pub(crate) Option<rdkafka::types::RDKafkaErrorCode>);
+/// A Kafka error code: the broker's protocol error code (a positive number) or
+/// librdkafka's own (a negative one), with librdkafka's name for it. onceflow's own type:
+/// the Kafka client library it is built on does not show through it.
+#[derive(Debug, Clone, Copy)]
+pub struct KafkaCode {
+    number: Option<i32>,
+    name: &'static str,
+}
+
+impl PartialEq for KafkaCode {
+    fn eq(&self, other: &KafkaCode) -> bool {
+        self.number == other.number
+    }
+}
+
+impl Eq for KafkaCode {}
 
 impl KafkaCode {
     /// A code librdkafka did not give (an error with no code).
-    pub const UNKNOWN: KafkaCode = KafkaCode(None);
+    pub const UNKNOWN: KafkaCode = KafkaCode {
+        number: None,
+        name: "Unknown",
+    };
+
+    // The codes onceflow's own decisions name (the Kafka client layer classifies the
+    // rest); `kafka/error.rs` checks each against librdkafka's number and name.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) const MESSAGE_SIZE_TOO_LARGE: KafkaCode = KafkaCode::new(10, "MessageSizeTooLarge");
+    pub(crate) const REQUEST_TIMED_OUT: KafkaCode = KafkaCode::new(7, "RequestTimedOut");
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) const ILLEGAL_GENERATION: KafkaCode = KafkaCode::new(22, "IllegalGeneration");
+    pub(crate) const TOPIC_ALREADY_EXISTS: KafkaCode = KafkaCode::new(36, "TopicAlreadyExists");
+    pub(crate) const OUT_OF_ORDER_SEQUENCE_NUMBER: KafkaCode =
+        KafkaCode::new(45, "OutOfOrderSequenceNumber");
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) const INVALID_PRODUCER_EPOCH: KafkaCode = KafkaCode::new(47, "InvalidProducerEpoch");
+    pub(crate) const INVALID_TRANSACTIONAL_STATE: KafkaCode =
+        KafkaCode::new(48, "InvalidTransactionalState");
+    pub(crate) const UNKNOWN_PRODUCER_ID: KafkaCode = KafkaCode::new(59, "UnknownProducerId");
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) const UNSTABLE_OFFSET_COMMIT: KafkaCode = KafkaCode::new(88, "UnstableOffsetCommit");
+    #[cfg(test)]
+    pub(crate) const PRODUCER_FENCED: KafkaCode = KafkaCode::new(90, "ProducerFenced");
+    pub(crate) const FATAL: KafkaCode = KafkaCode::new(-150, "Fatal");
+    pub(crate) const OPERATION_TIMED_OUT: KafkaCode = KafkaCode::new(-185, "OperationTimedOut");
+    pub(crate) const MESSAGE_TIMED_OUT: KafkaCode = KafkaCode::new(-192, "MessageTimedOut");
+
+    /// Every code named above, for the check against librdkafka's.
+    #[cfg(test)]
+    pub(crate) const NAMED: [KafkaCode; 13] = [
+        KafkaCode::MESSAGE_SIZE_TOO_LARGE,
+        KafkaCode::REQUEST_TIMED_OUT,
+        KafkaCode::ILLEGAL_GENERATION,
+        KafkaCode::TOPIC_ALREADY_EXISTS,
+        KafkaCode::OUT_OF_ORDER_SEQUENCE_NUMBER,
+        KafkaCode::INVALID_PRODUCER_EPOCH,
+        KafkaCode::INVALID_TRANSACTIONAL_STATE,
+        KafkaCode::UNKNOWN_PRODUCER_ID,
+        KafkaCode::UNSTABLE_OFFSET_COMMIT,
+        KafkaCode::PRODUCER_FENCED,
+        KafkaCode::FATAL,
+        KafkaCode::OPERATION_TIMED_OUT,
+        KafkaCode::MESSAGE_TIMED_OUT,
+    ];
+
+    /// The code numbered `number`, named `name` (the Kafka client layer makes them).
+    pub(crate) const fn new(number: i32, name: &'static str) -> KafkaCode {
+        KafkaCode {
+            number: Some(number),
+            name,
+        }
+    }
 
     /// librdkafka's name for the code, e.g. `ProducerFenced`.
     pub fn name(&self) -> String {
-        match self.0 {
-            Some(code) => format!("{code:?}"),
-            None => "Unknown".to_owned(),
-        }
+        self.name.to_owned()
+    }
+
+    /// The code's number: Kafka's protocol error code when positive, librdkafka's own
+    /// when negative; `None` for [`KafkaCode::UNKNOWN`].
+    pub fn number(&self) -> Option<i32> {
+        self.number
     }
 }
 
 impl std::fmt::Display for KafkaCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.name())
-    }
-}
-
-impl From<rdkafka::types::RDKafkaErrorCode> for KafkaCode {
-    fn from(code: rdkafka::types::RDKafkaErrorCode) -> Self {
-        KafkaCode(Some(code))
+        f.write_str(self.name)
     }
 }
 
@@ -455,11 +517,14 @@ impl Error {
     /// A request that timed out on the client (the call's own timeout, a request's, or a
     /// record's delivery): the broker may still act on it later.
     pub(crate) fn timed_out_request(&self) -> bool {
-        use rdkafka::types::RDKafkaErrorCode as C;
         matches!(self, Error::Timeout { .. })
-            || [C::OperationTimedOut, C::RequestTimedOut, C::MessageTimedOut]
-                .into_iter()
-                .any(|code| self.has_code(code))
+            || [
+                KafkaCode::OPERATION_TIMED_OUT,
+                KafkaCode::REQUEST_TIMED_OUT,
+                KafkaCode::MESSAGE_TIMED_OUT,
+            ]
+            .into_iter()
+            .any(|code| self.has_code(code))
     }
 
     /// The open Kafka transaction must be aborted before processing can go on.
@@ -509,8 +574,8 @@ impl Error {
     }
 
     /// Whether this is a Kafka error with `code`.
-    pub(crate) fn has_code(&self, code: rdkafka::types::RDKafkaErrorCode) -> bool {
-        self.kafka_code() == Some(KafkaCode::from(code))
+    pub(crate) fn has_code(&self, code: KafkaCode) -> bool {
+        self.kafka_code() == Some(code)
     }
 }
 
@@ -588,7 +653,7 @@ mod tests {
     fn kafka(class: ErrorClass) -> Error {
         Error::Kafka {
             operation: "commit_transaction".into(),
-            code: rdkafka::types::RDKafkaErrorCode::ProducerFenced.into(),
+            code: KafkaCode::PRODUCER_FENCED,
             message: "fenced".into(),
             class,
         }

@@ -446,7 +446,7 @@ impl Inner {
         }
         Err(Error::Kafka {
             operation: "fake".into(),
-            code: rdkafka::types::RDKafkaErrorCode::InvalidProducerEpoch.into(),
+            code: crate::KafkaCode::INVALID_PRODUCER_EPOCH,
             message: "the coordinator aborted the transaction: it timed out".into(),
             class: crate::ErrorClass::Abortable,
         })
@@ -576,17 +576,16 @@ pub(crate) enum Refused {
 
 impl Landing for FakePending {
     fn landed(self) -> impl Future<Output = Result<(i32, i64)>> + Send {
-        use rdkafka::types::RDKafkaErrorCode as C;
         std::future::ready(self.0.map_err(|refused| match refused {
             Refused::Rejected(message) => Error::Kafka {
                 operation: crate::Operation::produce("fake"),
-                code: C::MessageSizeTooLarge.into(),
+                code: crate::KafkaCode::MESSAGE_SIZE_TOO_LARGE,
                 message,
                 class: crate::ErrorClass::Rejected,
             },
             Refused::TimedOut => Error::Kafka {
                 operation: crate::Operation::produce("fake"),
-                code: C::MessageTimedOut.into(),
+                code: crate::KafkaCode::MESSAGE_TIMED_OUT,
                 message: "the produce request timed out (it may land later)".into(),
                 class: crate::ErrorClass::Retriable,
             },
@@ -1106,12 +1105,12 @@ impl Source for FakeKafka {
             if inner.client.member_generation != inner.generation {
                 // The group refuses a commit from a member behind a rebalance (or a
                 // zombie): librdkafka's ILLEGAL_GENERATION, classified as Kafka's.
-                let code = rdkafka::types::RDKafkaErrorCode::IllegalGeneration;
+                let code = crate::KafkaCode::ILLEGAL_GENERATION;
                 return Err(Error::Kafka {
                     operation: "commit".into(),
-                    code: code.into(),
+                    code,
                     message: "the group has moved to a newer generation".into(),
-                    class: crate::kafka::classify_code(code),
+                    class: crate::kafka::classify(code),
                 });
             }
             inner.committed_offsets.extend(offsets);
@@ -1138,7 +1137,7 @@ impl Source for FakeKafka {
                 // these partitions; the broker answers so until it ends.
                 return Err(Error::Kafka {
                     operation: "committed".into(),
-                    code: rdkafka::types::RDKafkaErrorCode::UnstableOffsetCommit.into(),
+                    code: crate::KafkaCode::UNSTABLE_OFFSET_COMMIT,
                     message: "another transaction holds offsets of these partitions".into(),
                     class: crate::ErrorClass::Retriable,
                 });
@@ -1421,7 +1420,7 @@ impl Sink<FakeKafka> for FakeKafka {
             // librdkafka the transaction must then be aborted.
             result = Err(Error::Kafka {
                 operation: "send_offsets_to_transaction".into(),
-                code: rdkafka::types::RDKafkaErrorCode::IllegalGeneration.into(),
+                code: crate::KafkaCode::ILLEGAL_GENERATION,
                 message: "the group has moved to a newer generation".into(),
                 class: crate::ErrorClass::Abortable,
             });
@@ -1445,7 +1444,7 @@ impl Sink<FakeKafka> for FakeKafka {
             None if inner.client.timed_out => inner.timed_out(),
             None if inner.client.send_timed_out => Err(Error::Kafka {
                 operation: "commit_transaction".into(),
-                code: rdkafka::types::RDKafkaErrorCode::MessageTimedOut.into(),
+                code: crate::KafkaCode::MESSAGE_TIMED_OUT,
                 message: "a record of the transaction timed out".into(),
                 class: crate::ErrorClass::Abortable,
             }),
@@ -1455,7 +1454,7 @@ impl Sink<FakeKafka> for FakeKafka {
                 let fate = inner.client.commit_fates.remove(&number);
                 let timed_out = || Error::Kafka {
                     operation: "commit_transaction".into(),
-                    code: rdkafka::types::RDKafkaErrorCode::RequestTimedOut.into(),
+                    code: crate::KafkaCode::REQUEST_TIMED_OUT,
                     message: "the commit request timed out (it may still land)".into(),
                     class: crate::ErrorClass::Retriable,
                 };

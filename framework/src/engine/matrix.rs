@@ -635,7 +635,7 @@ async fn a_commit_that_timed_out_but_went_through_is_settled_by_a_new_producer()
     rig.kafka
         .fail_after_applying(Kind::Commit, 1, || Error::Kafka {
             operation: "commit_transaction".into(),
-            code: rdkafka::types::RDKafkaErrorCode::OperationTimedOut.into(),
+            code: crate::KafkaCode::OPERATION_TIMED_OUT,
             message: "Local: Timed out".into(),
             class: ErrorClass::Retriable,
         });

@@ -37,6 +37,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
+use crate::KafkaCode;
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::backoff::{RECOVERY_PATIENCE, retry_transient, retry_transient_for};
 use crate::engine::seams::{Cancel, Renew, Restore, Sink, Source};
@@ -204,13 +205,12 @@ pub(super) fn stops_the_instance(error: &Error) -> bool {
 /// new producer takes over; the instance does not stop. (A successor would have fenced the
 /// producer: that is `Error::Fenced`, and it stops.)
 pub(super) fn producer_state_lost(error: &Error) -> bool {
-    use rdkafka::types::RDKafkaErrorCode as C;
     error.is_fatal()
         && [
-            C::InvalidTransactionalState,
-            C::OutOfOrderSequenceNumber,
-            C::UnknownProducerId,
-            C::Fatal,
+            KafkaCode::INVALID_TRANSACTIONAL_STATE,
+            KafkaCode::OUT_OF_ORDER_SEQUENCE_NUMBER,
+            KafkaCode::UNKNOWN_PRODUCER_ID,
+            KafkaCode::FATAL,
         ]
         .into_iter()
         .any(|code| error.has_code(code))

@@ -649,7 +649,7 @@ async fn a_transaction_aborted_under_the_producer_renews_it_and_the_instance_goe
     // What librdkafka raises after the coordinator moved and aborted the transaction.
     let lost = Error::Kafka {
         operation: "begin_transaction".into(),
-        code: rdkafka::types::RDKafkaErrorCode::InvalidTransactionalState.into(),
+        code: crate::KafkaCode::INVALID_TRANSACTIONAL_STATE,
         message: "invalid state".into(),
         class: ErrorClass::Fatal,
     };
@@ -666,7 +666,7 @@ async fn a_transaction_aborted_under_the_producer_renews_it_and_the_instance_goe
 fn request_timed_out(call: &str) -> Error {
     Error::Kafka {
         operation: call.into(),
-        code: rdkafka::types::RDKafkaErrorCode::OperationTimedOut.into(),
+        code: crate::KafkaCode::OPERATION_TIMED_OUT,
         message: "Local: Timed out".into(),
         class: ErrorClass::Retriable,
     }

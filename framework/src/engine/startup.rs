@@ -158,9 +158,7 @@ async fn create(
 ) -> Result<()> {
     tracing::info!(topic, partitions, "creating topic");
     match kafka::create_topic(options, topic, partitions, configs, METADATA_TIMEOUT).await {
-        Err(error) if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {
-            Ok(())
-        }
+        Err(error) if error.has_code(crate::KafkaCode::TOPIC_ALREADY_EXISTS) => Ok(()),
         other => other,
     }
 }

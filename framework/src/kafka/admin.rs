@@ -57,7 +57,7 @@ pub(crate) async fn create_topic(
         if let Err((topic, code)) = result {
             return Err(Error::Kafka {
                 operation: crate::Operation::create_topic(topic),
-                code: code.into(),
+                code: super::error::code_of(code),
                 message: code.to_string(),
                 class: crate::error::ErrorClass::Other,
             });
@@ -319,7 +319,11 @@ pub(crate) async fn ensure_topic(
     }
     tracing::info!(topic = name, partitions, "creating topic");
     match create_topic(options, name, partitions, configs, timeout).await {
-        Err(error) if error.has_code(RDKafkaErrorCode::TopicAlreadyExists) => Ok(()),
+        Err(error)
+            if error.has_code(super::error::code_of(RDKafkaErrorCode::TopicAlreadyExists)) =>
+        {
+            Ok(())
+        }
         other => other,
     }
 }

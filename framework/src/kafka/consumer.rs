@@ -297,7 +297,7 @@ fn stopping(error: KafkaError, topic: &str, instance_id: &str) -> Option<crate::
     {
         return Some(crate::Error::Kafka {
             operation: consume,
-            code: (*code).into(),
+            code: super::error::code_of(*code),
             message: format!(
                 "{error}: librdkafka could not read a batch of records (its log names the \
                  partition and offset) and skips it or fetches it again; going on would \
@@ -307,7 +307,9 @@ fn stopping(error: KafkaError, topic: &str, instance_id: &str) -> Option<crate::
         });
     }
     let error = kafka_error(consume, error);
-    if error.has_code(rdkafka::types::RDKafkaErrorCode::FencedInstanceId) {
+    if error.has_code(super::error::code_of(
+        rdkafka::types::RDKafkaErrorCode::FencedInstanceId,
+    )) {
         return Some(crate::Error::Fenced {
             what: format!("group.instance.id `{instance_id}`"),
             detail: error.to_string(),

@@ -1,6 +1,10 @@
 //! librdkafka errors translated into [`crate::Error`], keeping librdkafka's classification.
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::types::RDKafkaRespErr;
 
 use crate::Error;
 use crate::error::{ErrorClass, KafkaCode, Operation};
@@ -34,7 +38,7 @@ pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) ->
         };
         return Error::Kafka {
             operation,
-            code: rd.code().into(),
+            code: code_of(rd.code()),
             message: rd.string(),
             class,
         };
@@ -49,17 +53,44 @@ pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) ->
         // librdkafka raised it as fatal: the consumer cannot go on, however often polled.
         return Error::Kafka {
             operation,
-            code: (*code).into(),
+            code: code_of(*code),
             message: error.to_string(),
             class: ErrorClass::Fatal,
         };
     }
     Error::Kafka {
         operation,
-        code: code.map_or(KafkaCode::UNKNOWN, KafkaCode::from),
+        code: code.map_or(KafkaCode::UNKNOWN, code_of),
         message: error.to_string(),
         class: code.map_or(ErrorClass::Other, classify_code),
     }
+}
+
+/// onceflow's code for librdkafka's: the same number, and librdkafka's name for it.
+pub(crate) fn code_of(code: RDKafkaErrorCode) -> KafkaCode {
+    // A code's name is needed as `&'static str`, and librdkafka's enum gives it only
+    // through `Debug`: each name is made once and kept (a few hundred codes at most).
+    static NAMES: LazyLock<Mutex<HashMap<i32, &'static str>>> = LazyLock::new(Default::default);
+    let number = code as i32;
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let name = *names
+        .entry(number)
+        .or_insert_with(|| Box::leak(format!("{code:?}").into_boxed_str()));
+    KafkaCode::new(number, name)
+}
+
+/// librdkafka's code for onceflow's, `None` for [`KafkaCode::UNKNOWN`].
+pub(crate) fn rd_code(code: KafkaCode) -> Option<RDKafkaErrorCode> {
+    code.number()
+        .and_then(|number| RDKafkaRespErr::try_from(number).ok())
+        .map(RDKafkaErrorCode::from)
+}
+
+/// Classifies onceflow's code as [`classify_code`] does librdkafka's (for the engine's
+/// in-memory Kafka, which makes the errors a broker would).
+#[cfg(any(test, feature = "testing"))]
+pub(crate) fn classify(code: KafkaCode) -> ErrorClass {
+    rd_code(code).map_or(ErrorClass::Other, classify_code)
 }
 
 /// Translates an error of a read of a topic the instance has already seen exist (its
@@ -73,14 +104,13 @@ pub(crate) fn known_topic_error(operation: impl Into<Operation>, error: KafkaErr
     let mut translated = kafka_error(operation, error);
     if let Error::Kafka { code, class, .. } = &mut translated
         && *class == ErrorClass::Rejected
-        && matches!(
-            code.0,
-            Some(
-                RDKafkaErrorCode::UnknownPartition
-                    | RDKafkaErrorCode::UnknownTopic
-                    | RDKafkaErrorCode::UnknownTopicOrPartition
-            )
-        )
+        && [
+            RDKafkaErrorCode::UnknownPartition,
+            RDKafkaErrorCode::UnknownTopic,
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+        ]
+        .into_iter()
+        .any(|unknown| *code == code_of(unknown))
     {
         *class = ErrorClass::Retriable;
     }
@@ -220,12 +250,12 @@ mod tests {
             KafkaError::AdminOp(RDKafkaErrorCode::BrokerTransportFailure),
         );
         assert!(error.is_retriable(), "{error:?}");
-        assert!(error.has_code(RDKafkaErrorCode::BrokerTransportFailure));
+        assert!(error.has_code(code_of(RDKafkaErrorCode::BrokerTransportFailure)));
         let exists = kafka_error(
             Operation::create_topic("t"),
             KafkaError::AdminOp(RDKafkaErrorCode::TopicAlreadyExists),
         );
-        assert!(exists.has_code(RDKafkaErrorCode::TopicAlreadyExists));
+        assert!(exists.has_code(code_of(RDKafkaErrorCode::TopicAlreadyExists)));
     }
 
     /// Seen on the cluster: while a node was cut off its peers, a changelog replay's
@@ -308,7 +338,7 @@ mod tests {
         );
         assert!(fenced.is_fatal(), "{fenced}");
         assert!(
-            fenced.has_code(RDKafkaErrorCode::ProducerFenced),
+            fenced.has_code(code_of(RDKafkaErrorCode::ProducerFenced)),
             "{fenced}"
         );
         let timeout = kafka_error(
@@ -347,5 +377,49 @@ mod tests {
             text.contains("ssl.key.pem") && !text.contains("abc"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_codes_onceflow_names_are_librdkafkas_by_number_and_name() {
+        use RDKafkaErrorCode as C;
+        let named = [
+            (KafkaCode::MESSAGE_SIZE_TOO_LARGE, C::MessageSizeTooLarge),
+            (KafkaCode::REQUEST_TIMED_OUT, C::RequestTimedOut),
+            (KafkaCode::ILLEGAL_GENERATION, C::IllegalGeneration),
+            (KafkaCode::TOPIC_ALREADY_EXISTS, C::TopicAlreadyExists),
+            (
+                KafkaCode::OUT_OF_ORDER_SEQUENCE_NUMBER,
+                C::OutOfOrderSequenceNumber,
+            ),
+            (KafkaCode::INVALID_PRODUCER_EPOCH, C::InvalidProducerEpoch),
+            (
+                KafkaCode::INVALID_TRANSACTIONAL_STATE,
+                C::InvalidTransactionalState,
+            ),
+            (KafkaCode::UNKNOWN_PRODUCER_ID, C::UnknownProducerId),
+            (KafkaCode::UNSTABLE_OFFSET_COMMIT, C::UnstableOffsetCommit),
+            (KafkaCode::PRODUCER_FENCED, C::ProducerFenced),
+            (KafkaCode::FATAL, C::Fatal),
+            (KafkaCode::OPERATION_TIMED_OUT, C::OperationTimedOut),
+            (KafkaCode::MESSAGE_TIMED_OUT, C::MessageTimedOut),
+        ];
+        assert_eq!(
+            named.len(),
+            KafkaCode::NAMED.len(),
+            "a named code left out here"
+        );
+        for (ours, theirs) in named {
+            assert!(KafkaCode::NAMED.contains(&ours));
+            let made = code_of(theirs);
+            assert_eq!(ours.number(), made.number(), "{theirs:?}");
+            assert_eq!(ours.name(), made.name(), "{theirs:?}");
+            assert_eq!(ours.to_string(), format!("{theirs:?}"));
+            assert_eq!(classify(ours), classify_code(theirs), "{theirs:?}");
+            assert_eq!(rd_code(ours), Some(theirs));
+        }
+        // The same code made twice is equal; an unknown one is no code at all.
+        assert_eq!(code_of(C::Fenced), code_of(C::Fenced));
+        assert_ne!(code_of(C::Fenced), KafkaCode::UNKNOWN);
+        assert_eq!(rd_code(KafkaCode::UNKNOWN), None);
     }
 }

@@ -25,7 +25,7 @@ pub(crate) use admin::{create_topic, ensure_topic, partition_count, replica_coun
 pub(crate) use consumer::{Holder, InputConsumer, Polled, Rebalanced};
 pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
 #[cfg(any(test, feature = "testing"))]
-pub(crate) use error::classify_code;
+pub(crate) use error::classify;
 pub(crate) use error::{kafka_error, known_topic_error};
 pub(crate) use producer::{OutputProducer, Pending};
 #[cfg(feature = "testkit")]

@@ -132,7 +132,9 @@ impl OutputProducer {
 
     fn classify(&self, operation: impl Into<crate::Operation>, error: KafkaError) -> Error {
         let translated = kafka_error(operation, error);
-        let fenced = FENCED.into_iter().any(|code| translated.has_code(code));
+        let fenced = FENCED
+            .into_iter()
+            .any(|code| translated.has_code(super::error::code_of(code)));
         match (&self.transactional_id, fenced) {
             (Some(id), true) => Error::Fenced {
                 what: format!("transactional.id `{id}`"),
@@ -408,7 +410,13 @@ impl OutputProducer {
         let aborted = self.abort().await;
         match (landed, aborted) {
             (_, Err(error)) if fenced(&error) => Ok(true),
-            (Err(error), _) if FENCED.into_iter().any(|code| error.has_code(code)) => Ok(true),
+            (Err(error), _)
+                if FENCED
+                    .into_iter()
+                    .any(|code| error.has_code(super::error::code_of(code))) =>
+            {
+                Ok(true)
+            }
             (Ok(()), Ok(())) => Ok(false),
             (Err(error), _) | (_, Err(error)) => Err(error),
         }

@@ -153,7 +153,9 @@ pub(crate) fn explain(error: Error, options: &ClientOptions, names: &Resources) 
     };
     use crate::Operation as Op;
     use RDKafkaErrorCode as C;
-    let Some(code) = code.0 else { return error };
+    let Some(code) = super::error::rd_code(*code) else {
+        return error;
+    };
     let acl = match code {
         C::TopicAuthorizationFailed => match operation {
             Op::Produce { topic } => format!("WRITE on topic `{topic}`"),
@@ -201,7 +203,7 @@ mod tests {
     fn denied(operation: crate::Operation, code: RDKafkaErrorCode) -> Error {
         Error::Kafka {
             operation,
-            code: code.into(),
+            code: crate::kafka::error::code_of(code),
             message: "Broker: authorization failed".into(),
             class: ErrorClass::Fatal,
         }

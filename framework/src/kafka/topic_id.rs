@@ -37,7 +37,7 @@ pub(crate) async fn topic_id(
     blocking("describe a topic", move || {
         describe(&admin, &topic, timeout).map_err(|(code, message)| Error::Kafka {
             operation,
-            code: code.into(),
+            code: super::error::code_of(code),
             message,
             class: super::error::classify_code(code),
         })

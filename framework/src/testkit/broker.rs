@@ -455,8 +455,7 @@ pub(super) async fn wait_ready(kafka: &Kafka, timeout: Duration) -> Result<()> {
     loop {
         let attempt = async {
             match client::create_topic(&kafka.options, PROBE_TOPIC, 1, &[], attempt_timeout).await {
-                Err(error)
-                    if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {}
+                Err(error) if error.has_code(crate::KafkaCode::TOPIC_ALREADY_EXISTS) => {}
                 other => other?,
             }
             client::probe(&kafka.options, PROBE_TOPIC, attempt_timeout).await

@@ -230,9 +230,7 @@ impl Cluster {
                 )
                 .await
                 {
-                    Err(error)
-                        if error.has_code(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) => {
-                    }
+                    Err(error) if error.has_code(crate::KafkaCode::TOPIC_ALREADY_EXISTS) => {}
                     other => other?,
                 }
                 let isr = self.in_sync(probe, 0).await?;
