@@ -140,7 +140,7 @@ pub(crate) async fn hang() {
     std::future::pending::<()>().await;
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::*;
 

@@ -53,8 +53,26 @@ pub(crate) async fn read_to_end(
             .map_err(|e| kafka_error(&operation, e))?;
 
         let mut not_at_end: BTreeSet<i32> = partitions.into_iter().collect();
+        // Partitions that reported their end but whose end check failed on a retriable
+        // error: checked again after each poll, since no second end comes unless records do.
+        let mut unchecked: BTreeSet<i32> = BTreeSet::new();
         let mut records = Vec::new();
         while !not_at_end.is_empty() {
+            for partition in unchecked.clone() {
+                match end_known(&consumer, &topic, partition, timeout)? {
+                    Some(true) => {
+                        not_at_end.remove(&partition);
+                        unchecked.remove(&partition);
+                    }
+                    Some(false) => {
+                        unchecked.remove(&partition);
+                    }
+                    None => {}
+                }
+            }
+            if not_at_end.is_empty() {
+                break;
+            }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     what: operation,
@@ -72,12 +90,17 @@ pub(crate) async fn read_to_end(
                 // may be older than now (the replay lost a key's state to an early one,
                 // `replay::standing`): believed only once the position reaches the end
                 // asked for again, else the read goes on.
-                Some(Err(KafkaError::PartitionEOF(partition)))
-                    if reached_end(&consumer, &topic, partition, timeout)? =>
-                {
-                    not_at_end.remove(&partition);
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                    match end_known(&consumer, &topic, partition, timeout)? {
+                        Some(true) => {
+                            not_at_end.remove(&partition);
+                        }
+                        Some(false) => {}
+                        None => {
+                            unchecked.insert(partition);
+                        }
+                    }
                 }
-                Some(Err(KafkaError::PartitionEOF(_))) => {}
                 Some(Err(error)) => {
                     // Connections come back by themselves (a broker restarting, a network
                     // blip): keep polling until the deadline rather than fail at once.
@@ -93,6 +116,25 @@ pub(crate) async fn read_to_end(
         Ok(records)
     })
     .await
+}
+
+/// [`reached_end`], or `None` when the check failed on a retriable error: a partition's
+/// new leader answers OFFSET_NOT_AVAILABLE ("leader high watermark is not caught up") for
+/// a moment after an election, and a broker may be away. The caller checks again.
+fn end_known<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+    timeout: Duration,
+) -> Result<Option<bool>> {
+    match reached_end(consumer, topic, partition, timeout) {
+        Ok(at_the_end) => Ok(Some(at_the_end)),
+        Err(error) if error.is_retriable() => {
+            tracing::debug!(%error, "the end check failed; checking again");
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// Whether `consumer`'s position on `partition` is at the end its isolation sees now
@@ -227,4 +269,78 @@ fn partitions_of<C: rdkafka::consumer::ConsumerContext>(
         .filter(|t| t.error().is_none() && !t.partitions().is_empty())
         .ok_or_else(|| Error::Broker(format!("topic `{topic}` does not exist")))?;
     Ok(found.partitions().iter().map(|p| p.id()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::KafkaError;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    use rdkafka::{Offset, TopicPartitionList};
+
+    use super::{end_known, reached_end};
+    use crate::kafka::ClientOptions;
+
+    /// librdkafka's mock cluster drives the error (an error path, no exactly-once claim):
+    /// a partition's new leader answers the end check with OFFSET_NOT_AVAILABLE ("leader
+    /// high watermark is not caught up") for a moment after an election. The check said
+    /// so with an error, and `read_to_end` failed the whole read with it (a fault matrix
+    /// run, 2026-12-07, right after the input's leader was killed); now the check reports
+    /// "not known yet", the read checks again, and the next check finds the end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retriable_error_of_the_end_check_leaves_the_end_unknown_not_failed() {
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("t", 1, 1).expect("topic");
+        let options = ClientOptions::with_properties(mock.bootstrap_servers(), &[]);
+        let producer: ThreadedProducer<DefaultProducerContext> =
+            options.config(&[]).create().expect("producer");
+        producer
+            .send(BaseRecord::<(), _>::to("t").payload("v"))
+            .expect("queued");
+        producer.flush(Duration::from_secs(10)).expect("flushed");
+        let consumer: BaseConsumer = options
+            .config(&[("group.id", "r"), ("enable.partition.eof", "true")])
+            .create()
+            .expect("consumer");
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset("t", 0, Offset::Beginning)
+            .expect("partition");
+        consumer.assign(&assignment).expect("assign");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(Instant::now() < deadline, "never at the end");
+            if let Some(Err(KafkaError::PartitionEOF(0))) =
+                consumer.poll(Duration::from_millis(100))
+            {
+                break;
+            }
+        }
+        mock.request_errors(
+            RDKafkaApiKey::ListOffsets,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_NOT_AVAILABLE; 1000],
+        );
+        // librdkafka asks again within the call's timeout: the leader answers the same
+        // for longer than that.
+        let timeout = Duration::from_secs(1);
+        let error = reached_end(&consumer, "t", 0, timeout).expect_err("the leader's answer");
+        assert!(error.is_retriable(), "{error}");
+        let check = end_known(&consumer, "t", 0, timeout).expect("not failed");
+        assert_eq!(check, None);
+        // The leader caught up: a check finds the end (checked again, as the read does,
+        // while a request of the refused ones is still on its way back).
+        mock.clear_request_errors(RDKafkaApiKey::ListOffsets);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let check = loop {
+            let check = end_known(&consumer, "t", 0, timeout).expect("checked");
+            if check.is_some() || Instant::now() >= deadline {
+                break check;
+            }
+        };
+        assert_eq!(check, Some(true));
+    }
 }
