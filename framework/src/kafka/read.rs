@@ -238,14 +238,28 @@ pub(crate) async fn stable_ends(
     let uncommitted = reader(Isolation::ReadUncommitted)?;
     let topic = topic.to_owned();
     blocking(&operation.clone(), move || {
+        let deadline = Instant::now() + timeout;
+        // A retriable answer (a new leader's high watermark not caught up yet, a broker
+        // away) is asked again until the deadline, as the committed offsets are.
+        let end = |consumer: &BaseConsumer<super::replay::Reader>, partition: i32| loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match consumer.fetch_watermarks(&topic, partition, left.max(Duration::from_millis(100)))
+            {
+                Ok((_, end)) => return Ok(end),
+                Err(error) => {
+                    let error = kafka_error(&operation, error);
+                    if !error.is_retriable() || left.is_zero() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "reading an end; asking again");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        };
         let mut ends = BTreeMap::new();
         for partition in partitions_of(&committed, &topic, timeout)? {
-            let (_, stable) = committed
-                .fetch_watermarks(&topic, partition, timeout)
-                .map_err(|e| kafka_error(&operation, e))?;
-            let (_, high) = uncommitted
-                .fetch_watermarks(&topic, partition, timeout)
-                .map_err(|e| kafka_error(&operation, e))?;
+            let stable = end(&committed, partition)?;
+            let high = end(&uncommitted, partition)?;
             ends.insert(partition, (stable, high));
         }
         Ok(ends)
@@ -282,7 +296,7 @@ mod tests {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
     use rdkafka::{Offset, TopicPartitionList};
 
-    use super::{end_known, reached_end};
+    use super::{end_known, reached_end, stable_ends};
     use crate::kafka::ClientOptions;
 
     /// librdkafka's mock cluster drives the error (an error path, no exactly-once claim):
@@ -342,5 +356,34 @@ mod tests {
             }
         };
         assert_eq!(check, Some(true));
+    }
+
+    /// The same answer while the ends of a topic are read (the cluster test's check for
+    /// transactions left open after a heal): asked again until the read's deadline, as
+    /// the committed offsets are, instead of failing the check at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_ends_are_asked_again_while_a_new_leader_catches_up() {
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("t", 1, 1).expect("topic");
+        let options = ClientOptions::with_properties(mock.bootstrap_servers(), &[]);
+        mock.request_errors(
+            RDKafkaApiKey::ListOffsets,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_NOT_AVAILABLE; 1000],
+        );
+        let read = {
+            let options = options.clone();
+            tokio::spawn(async move { stable_ends(&options, "t", Duration::from_secs(30)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            !read.is_finished(),
+            "the read gave up on a retriable answer"
+        );
+        mock.clear_request_errors(RDKafkaApiKey::ListOffsets);
+        let ends = read
+            .await
+            .expect("joined")
+            .expect("the ends, once the leader answers");
+        assert_eq!(ends.get(&0), Some(&(0, 0)));
     }
 }
