@@ -185,20 +185,9 @@ pub(crate) async fn committed_offsets(
             query.add_partition(&topic, partition);
         }
         let deadline = Instant::now() + timeout;
-        let committed = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match consumer.committed_offsets(query.clone(), left) {
-                Ok(committed) => break committed,
-                Err(error) => {
-                    let error = kafka_error(&operation, error);
-                    if !error.is_retriable() || left.is_zero() {
-                        return Err(error);
-                    }
-                    tracing::debug!(%error, "reading committed offsets; asking again");
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            }
-        };
+        let committed = ask_until(&operation, deadline, |left| {
+            consumer.committed_offsets(query.clone(), left)
+        })?;
         Ok(committed
             .elements()
             .iter()
@@ -212,6 +201,30 @@ pub(crate) async fn committed_offsets(
             .collect())
     })
     .await
+}
+
+/// Makes `call` (given the time left) until it answers, fails for good, or `deadline`
+/// passes: a retriable failure (a coordinator still loading, a new leader catching up, a
+/// broker away) is asked again 200 ms later.
+fn ask_until<T>(
+    operation: &str,
+    deadline: Instant,
+    mut call: impl FnMut(Duration) -> std::result::Result<T, KafkaError>,
+) -> Result<T> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match call(left) {
+            Ok(answer) => return Ok(answer),
+            Err(error) => {
+                let error = kafka_error(operation, error);
+                if !error.is_retriable() || left.is_zero() {
+                    return Err(error);
+                }
+                tracing::debug!(%error, "{operation}: asking again");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
 }
 
 /// Each partition of `topic` with its last stable offset and high watermark as of now.
@@ -241,20 +254,11 @@ pub(crate) async fn stable_ends(
         let deadline = Instant::now() + timeout;
         // A retriable answer (a new leader's high watermark not caught up yet, a broker
         // away) is asked again until the deadline, as the committed offsets are.
-        let end = |consumer: &BaseConsumer<super::replay::Reader>, partition: i32| loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match consumer.fetch_watermarks(&topic, partition, left.max(Duration::from_millis(100)))
-            {
-                Ok((_, end)) => return Ok(end),
-                Err(error) => {
-                    let error = kafka_error(&operation, error);
-                    if !error.is_retriable() || left.is_zero() {
-                        return Err(error);
-                    }
-                    tracing::debug!(%error, "reading an end; asking again");
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            }
+        let end = |consumer: &BaseConsumer<super::replay::Reader>, partition: i32| {
+            ask_until(&operation, deadline, |left| {
+                consumer.fetch_watermarks(&topic, partition, left.max(Duration::from_millis(100)))
+            })
+            .map(|(_, end)| end)
         };
         let mut ends = BTreeMap::new();
         for partition in partitions_of(&committed, &topic, timeout)? {
