@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use onceflow::testkit::Kafka;
+use onceflow_testkit::Kafka;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -227,7 +227,7 @@ pub async fn run_once(
     bar: &ProgressBar,
 ) -> Result<RunResult, String> {
     let kafka = env.kafka;
-    let name = onceflow::testkit::unique_name(&format!("bench-{}", settings.system.id()));
+    let name = onceflow_testkit::unique_name(&format!("bench-{}", settings.system.id()));
     let input = format!("{name}-in");
     let output = format!("{name}-out");
     for topic in [&input, &output] {
@@ -537,7 +537,7 @@ fn committed_reader(brokers: &str, what: &str) -> Result<BaseConsumer, String> {
 fn reader(brokers: &str, what: &str, isolation: &str) -> Result<BaseConsumer, String> {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("group.id", onceflow::testkit::unique_name(what))
+        .set("group.id", onceflow_testkit::unique_name(what))
         .set("enable.auto.commit", "false")
         .set("isolation.level", isolation)
         .set("fetch.wait.max.ms", "10")
@@ -684,7 +684,7 @@ pub async fn restore_once(
     bar: &ProgressBar,
 ) -> Result<RestoreResult, String> {
     let kafka = env.kafka;
-    let name = onceflow::testkit::unique_name("bench-restore");
+    let name = onceflow_testkit::unique_name("bench-restore");
     let input = format!("{name}-in");
     let output = format!("{name}-out");
     for topic in [&input, &output] {
@@ -1061,8 +1061,8 @@ mod tests {
         use rdkafka::ClientConfig;
         use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
-        let kafka = onceflow::testkit::kafka().await;
-        let name = onceflow::testkit::unique_name("bench-volume");
+        let kafka = onceflow_testkit::kafka().await;
+        let name = onceflow_testkit::unique_name("bench-volume");
         let changelog = format!("{name}-txlog");
         kafka.create_topic(&changelog, 2).await.expect("the topic");
         let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()

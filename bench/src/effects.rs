@@ -159,7 +159,7 @@ fn histogram() -> Histogram<u64> {
 }
 
 /// Runs both phases, with and without check-back; progress on stderr.
-pub async fn run(kafka: &onceflow::testkit::Kafka, args: &EffectsArgs) -> Result<Vec<Phase>> {
+pub async fn run(kafka: &onceflow_testkit::Kafka, args: &EffectsArgs) -> Result<Vec<Phase>> {
     let mut phases = Vec::new();
     for checks_back in [false, true] {
         for latency in [false, true] {
@@ -179,13 +179,16 @@ pub async fn run(kafka: &onceflow::testkit::Kafka, args: &EffectsArgs) -> Result
 }
 
 async fn phase(
-    kafka: &onceflow::testkit::Kafka,
+    kafka: &onceflow_testkit::Kafka,
     args: &EffectsArgs,
     checks_back: bool,
     latency: bool,
 ) -> Result<Phase> {
-    let name = onceflow::testkit::unique_name("bench-effects");
-    kafka.create_topic(&name, args.partitions).await?;
+    let name = onceflow_testkit::unique_name("bench-effects");
+    kafka
+        .create_topic(&name, args.partitions)
+        .await
+        .map_err(|e| onceflow::Error::processing(e.to_string()))?;
     let state = tempfile::tempdir().map_err(|e| onceflow::Error::processing(e.to_string()))?;
     let config = EngineConfig::new(
         kafka.bootstrap_servers(),
@@ -350,7 +353,7 @@ async fn produced(
 
 /// Waits until `group` committed `target` records of `topic`.
 async fn wait(
-    kafka: &onceflow::testkit::Kafka,
+    kafka: &onceflow_testkit::Kafka,
     group: &str,
     topic: &str,
     target: u64,
@@ -358,7 +361,10 @@ async fn wait(
 ) -> Result<()> {
     let deadline = Instant::now() + within;
     loop {
-        let offsets = kafka.committed_offsets(group, topic).await?;
+        let offsets = kafka
+            .committed_offsets(group, topic)
+            .await
+            .map_err(|e| onceflow::Error::processing(e.to_string()))?;
         let done: i64 = offsets.values().map(|o| o.unwrap_or(0).max(0)).sum();
         if done as u64 >= target {
             return Ok(());

@@ -489,9 +489,9 @@ async fn report(mut args: ReportArgs) -> Result<(), String> {
     args.contenders.retain(|system| {
         peers::peer(*system).is_none() || peer_binaries.iter().any(|(s, _)| s == system)
     });
-    let kafka: &'static onceflow::testkit::Kafka = match &args.brokers {
-        Some(brokers) => Box::leak(Box::new(onceflow::testkit::Kafka::connect(brokers.clone()))),
-        None => onceflow::testkit::kafka().await,
+    let kafka: &'static onceflow_testkit::Kafka = match &args.brokers {
+        Some(brokers) => Box::leak(Box::new(onceflow_testkit::Kafka::connect(brokers.clone()))),
+        None => onceflow_testkit::kafka().await,
     };
     let log_dir = std::env::temp_dir().join("onceflow-bench-logs");
     std::fs::create_dir_all(&log_dir).map_err(|e| e.to_string())?;
@@ -604,7 +604,7 @@ async fn report(mut args: ReportArgs) -> Result<(), String> {
         elapsed: started.elapsed(),
         broker: format!(
             "Apache Kafka {} (KRaft, one node) at {}",
-            onceflow::testkit::KAFKA_VERSION,
+            onceflow_testkit::KAFKA_VERSION,
             kafka.bootstrap_servers()
         ),
         charts,
@@ -624,9 +624,9 @@ async fn report(mut args: ReportArgs) -> Result<(), String> {
 }
 
 async fn effects(cli: EffectsCli) -> Result<(), String> {
-    let kafka: &'static onceflow::testkit::Kafka = match &cli.brokers {
-        Some(brokers) => Box::leak(Box::new(onceflow::testkit::Kafka::connect(brokers.clone()))),
-        None => onceflow::testkit::kafka().await,
+    let kafka: &'static onceflow_testkit::Kafka = match &cli.brokers {
+        Some(brokers) => Box::leak(Box::new(onceflow_testkit::Kafka::connect(brokers.clone()))),
+        None => onceflow_testkit::kafka().await,
     };
     let args = onceflow_bench::effects::EffectsArgs {
         events: cli.events,
@@ -641,7 +641,7 @@ async fn effects(cli: EffectsCli) -> Result<(), String> {
     let date = report::today();
     let broker = format!(
         "Apache Kafka {} (KRaft, one node) at {}",
-        onceflow::testkit::KAFKA_VERSION,
+        onceflow_testkit::KAFKA_VERSION,
         kafka.bootstrap_servers()
     );
     let text = onceflow_bench::effects::markdown(&date, &args, &broker, &phases);

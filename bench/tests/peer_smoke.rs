@@ -11,7 +11,7 @@ use std::process::Command;
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "builds the Rust peers in bench/peers/ (minutes); run with --ignored"]
 async fn every_rust_peer_runs_or_the_report_says_why() {
-    let kafka = onceflow::testkit::kafka().await;
+    let kafka = onceflow_testkit::kafka().await;
     let out = tempfile::tempdir().expect("a temporary directory");
     let output = Command::new(env!("CARGO_BIN_EXE_onceflow-bench"))
         .args(["report", "--brokers", kafka.bootstrap_servers()])

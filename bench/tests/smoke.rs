@@ -48,7 +48,7 @@ fn number(cell: &str) -> Option<f64> {
 async fn every_contender_runs_and_the_report_is_well_formed() {
     // Starts (or reuses, with ONCEFLOW_TEST_BOOTSTRAP) the test broker in this process,
     // so the child driver does not start a second one.
-    let kafka = onceflow::testkit::kafka().await;
+    let kafka = onceflow_testkit::kafka().await;
     let out = tempfile::tempdir().expect("a temporary directory");
     let output = Command::new(env!("CARGO_BIN_EXE_onceflow-bench"))
         .args(["report", "--brokers", kafka.bootstrap_servers()])
@@ -149,7 +149,7 @@ async fn every_contender_runs_and_the_report_is_well_formed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_effects_benchmark_runs_and_applies_every_intent_once() {
-    let kafka = onceflow::testkit::kafka().await;
+    let kafka = onceflow_testkit::kafka().await;
     let out = tempfile::tempdir().expect("a temporary directory");
     let output = Command::new(env!("CARGO_BIN_EXE_onceflow-bench"))
         .args(["effects", "--brokers", kafka.bootstrap_servers()])

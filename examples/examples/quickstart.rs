@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use onceflow::testkit::{self, Isolation, Kafka, KeptBroker, OutgoingRecord};
+use onceflow_testkit::{self as testkit, Isolation, Kafka, KeptBroker, OutgoingRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 

@@ -6,7 +6,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::{Deployment, committed_values};
-use onceflow::testkit::OutgoingRecord;
+use onceflow_testkit::OutgoingRecord;
 use serde::Deserialize;
 
 #[derive(Deserialize, Debug)]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::{Deployment, committed_values, total};
-use onceflow::testkit::{self, OutgoingRecord};
+use onceflow_testkit::{self as testkit, OutgoingRecord};
 use serde::Deserialize;
 
 #[derive(Deserialize, Debug)]

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{Deployment, committed_values};
-use onceflow::testkit::OutgoingRecord;
+use onceflow_testkit::OutgoingRecord;
 use serde::Deserialize;
 
 const MINUTE: i64 = 60_000;

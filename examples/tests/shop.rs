@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::{committed_values, example, free_port};
 use onceflow::outbox::sqlx::{self, Row};
-use onceflow::testkit::{self, OutgoingRecord};
+use onceflow_testkit::{self as testkit, OutgoingRecord};
 use serde::Deserialize;
 use tokio::process::{Child, Command};
 

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Deployment, Running, committed};
-use onceflow::testkit::{Isolation, OutgoingRecord};
+use onceflow_testkit::{Isolation, OutgoingRecord};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once_without_committing_the_open_batch() {

@@ -220,7 +220,8 @@ pub enum Error {
         /// The broker's error.
         detail: String,
     },
-    /// The test broker could not be started or reached (feature `testkit`).
+    /// The broker answered in a way no Kafka error code describes (a delivery gone, no
+    /// group metadata).
     #[error("{0}")]
     Broker(String),
     /// The outbox's database refused or failed a statement (feature `outbox`).

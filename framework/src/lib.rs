@@ -22,9 +22,9 @@
 //!   one database transaction, published once by a relay;
 //! - [`testing`] (feature `testing`): a processor tested in milliseconds without a
 //!   broker, by the engine's own code over an in-memory log with transactions;
-//! - [`testkit`] (feature `testkit`): a real Apache Kafka broker for tests, started with
-//!   testcontainers, and helpers to create topics, produce, read a topic to its end under
-//!   `read_committed` or `read_uncommitted`, and read a group's committed offsets.
+//!
+//! Tests against a real broker use the `onceflow-testkit` crate: Apache Kafka (one broker
+//! or a three-node cluster with faults) started with testcontainers, and PostgreSQL.
 //!
 //! The precise guarantee and the architecture are in the guide (`docs/` of the
 //! repository: "The guarantee and the fault model", "Design").
@@ -58,8 +58,6 @@ mod wire;
 
 #[cfg(feature = "testing")]
 pub mod testing;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 
 pub use async_trait::async_trait;
 pub use config::{DeliveryMode, EngineConfig, ErrorPolicy};

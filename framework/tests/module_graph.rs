@@ -602,16 +602,11 @@ fn users_of(krate: &Crate, name: &str) -> BTreeSet<PathBuf> {
 
 /// rdkafka is named in the Kafka client layer only, redb in the transaction log only.
 /// The files listed still run Kafka clients of their own (half messages, the outbox
-/// relay, the effect executor's marker producer, the testkit's cluster): the list may
+/// relay, the effect executor's marker producer): the list may
 /// only shrink, and the test fails when one of them no longer needs to be on it.
 #[test]
 fn rdkafka_is_named_only_under_kafka_and_redb_only_under_txlog() {
-    const STILL_OUTSIDE: [&str; 4] = [
-        "effects/executor.rs",
-        "half.rs",
-        "outbox.rs",
-        "testkit/cluster.rs",
-    ];
+    const STILL_OUTSIDE: [&str; 3] = ["effects/executor.rs", "half.rs", "outbox.rs"];
     let krate = Crate::read(&source_dir());
     let rdkafka = users_of(&krate, "rdkafka");
     assert!(
@@ -629,6 +624,72 @@ fn rdkafka_is_named_only_under_kafka_and_redb_only_under_txlog() {
     assert!(!redb.is_empty());
     let outside: Vec<&PathBuf> = redb.iter().filter(|f| !f.starts_with("txlog")).collect();
     assert!(outside.is_empty(), "redb named outside txlog/: {outside:?}");
+}
+
+/// Test infrastructure lives in `onceflow-testkit`, not in the product: the product's
+/// dependencies hold no container library and nothing that was there only for tests, and
+/// its only `unsafe` is the one call librdkafka offers no safe binding for (the testkit's
+/// exit hook was the other).
+#[test]
+fn the_product_crate_has_no_test_only_dependency_and_no_unsafe() {
+    const TEST_ONLY: [&str; 4] = ["testcontainers", "rcgen", "libc", "proptest"];
+    const FFI: &str = "kafka/topic_id.rs";
+    let manifest = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .expect("Cargo.toml");
+    let dependencies: Vec<&str> = manifest
+        .lines()
+        .skip_while(|line| line.trim() != "[dependencies]")
+        .skip(1)
+        .take_while(|line| !line.starts_with('['))
+        .filter_map(|line| line.split(['=', ' ', '.']).next())
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .collect();
+    assert!(dependencies.contains(&"rdkafka"), "{dependencies:?}");
+    let test_only: Vec<&&str> = dependencies
+        .iter()
+        .filter(|name| TEST_ONLY.contains(name))
+        .collect();
+    assert!(
+        test_only.is_empty(),
+        "test-only dependencies: {test_only:?}"
+    );
+
+    struct Unsafe(usize);
+    impl Visit<'_> for Unsafe {
+        fn visit_expr_unsafe(&mut self, _: &syn::ExprUnsafe) {
+            self.0 += 1;
+        }
+        fn visit_signature(&mut self, signature: &syn::Signature) {
+            self.0 += usize::from(signature.unsafety.is_some());
+        }
+        fn visit_item_impl(&mut self, item: &syn::ItemImpl) {
+            self.0 += usize::from(item.unsafety.is_some());
+            syn::visit::visit_item_impl(self, item);
+        }
+    }
+    let mut dirs = vec![source_dir()];
+    let mut files = 0;
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).expect("source directory") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = fs::read_to_string(&path).expect("source");
+                let file = syn::parse_file(&text).expect("parses");
+                let mut found = Unsafe(0);
+                found.visit_file(&file);
+                let relative = path.strip_prefix(source_dir()).expect("below src");
+                if relative != Path::new(FFI) {
+                    assert_eq!(found.0, 0, "`unsafe` in {}", relative.display());
+                } else {
+                    assert!(found.0 > 0, "{FFI} has no `unsafe` now: take it off");
+                }
+                files += 1;
+            }
+        }
+    }
+    assert!(files > 50, "only {files} files read");
 }
 
 /// The check itself finds a circle through a detour and a re-export, and passes a tree

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use onceflow::testkit::OutgoingRecord;
 use onceflow::{Context, Error, Processor, Result, Timer, TimerClock};
+use onceflow_testkit::OutgoingRecord;
 use serde::{Deserialize, Serialize};
 
 /// The output topic.

@@ -1,11 +1,11 @@
 //! End-to-end tests of onceflow against a real Apache Kafka broker, and conformance tests
-//! of the broker itself (`tests/broker_*.rs`). The broker comes from `onceflow::testkit`;
+//! of the broker itself (`tests/broker_*.rs`). The broker comes from `onceflow_testkit`;
 //! this crate adds the raw-client helpers the broker conformance tests need.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use onceflow::testkit::{Kafka, Record};
+use onceflow_testkit::{Kafka, Record};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -118,7 +118,7 @@ pub struct Operator {
 impl Operator {
     /// Fresh names for `name`, and input and output topics with `partitions` partitions.
     pub async fn new(name: &str, partitions: i32) -> Result<Self, Box<dyn std::error::Error>> {
-        Operator::on(onceflow::testkit::kafka().await, name, partitions).await
+        Operator::on(onceflow_testkit::kafka().await, name, partitions).await
     }
 
     /// The same on `kafka` (the three-node cluster, say).
@@ -127,15 +127,15 @@ impl Operator {
         name: &str,
         partitions: i32,
     ) -> Result<Self, Box<dyn std::error::Error>> {
-        let input = onceflow::testkit::unique_name(&format!("{name}-in"));
-        let output = onceflow::testkit::unique_name(&format!("{name}-out"));
+        let input = onceflow_testkit::unique_name(&format!("{name}-in"));
+        let output = onceflow_testkit::unique_name(&format!("{name}-out"));
         kafka.create_topic(&input, partitions).await?;
         kafka.create_topic(&output, partitions).await?;
         Ok(Operator {
             kafka,
             input,
             output,
-            group: onceflow::testkit::unique_name(name),
+            group: onceflow_testkit::unique_name(name),
             state: tempfile::tempdir()?,
         })
     }
@@ -176,7 +176,7 @@ impl Watcher {
         use std::sync::atomic::Ordering;
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", kafka.bootstrap_servers())
-            .set("group.id", onceflow::testkit::unique_name("watcher"))
+            .set("group.id", onceflow_testkit::unique_name("watcher"))
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
             .create()
@@ -280,7 +280,7 @@ pub async fn wait_for_records(
     let deadline = Instant::now() + within;
     loop {
         let seen = kafka
-            .read_to_end(topic, onceflow::testkit::Isolation::ReadCommitted)
+            .read_to_end(topic, onceflow_testkit::Isolation::ReadCommitted)
             .await?
             .len();
         if seen >= count {

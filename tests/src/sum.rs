@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use onceflow::testkit::{Isolation, Kafka, OutgoingRecord};
 use onceflow::{Context, Event, Processor, Result};
+use onceflow_testkit::{Isolation, Kafka, OutgoingRecord};
 use serde::{Deserialize, Serialize};
 
 /// An input event.
@@ -129,7 +129,11 @@ pub fn amounts(first: usize, count: usize, keys: usize) -> Vec<Amount> {
 }
 
 /// Writes events keyed by their key, so each key's events stay in order on one partition.
-pub async fn produce(kafka: &Kafka, topic: &str, events: &[Amount]) -> Result<()> {
+pub async fn produce(
+    kafka: &Kafka,
+    topic: &str,
+    events: &[Amount],
+) -> onceflow_testkit::Result<()> {
     let records = events.iter().map(|event| {
         OutgoingRecord::keyed(event.key.clone(), serde_json::to_vec(event).expect("json"))
     });
@@ -137,7 +141,10 @@ pub async fn produce(kafka: &Kafka, topic: &str, events: &[Amount]) -> Result<()
 }
 
 /// The outputs visible to `read_committed`, in partition and offset order.
-pub async fn committed_outputs(kafka: &Kafka, topic: &str) -> Result<Vec<Summed>> {
+pub async fn committed_outputs(
+    kafka: &Kafka,
+    topic: &str,
+) -> onceflow_testkit::Result<Vec<Summed>> {
     let records = kafka.read_to_end(topic, Isolation::ReadCommitted).await?;
     Ok(records
         .iter()
@@ -153,7 +160,7 @@ pub async fn wait_for_outputs(
     topic: &str,
     count: usize,
     within: Duration,
-) -> Result<Vec<Summed>> {
+) -> onceflow_testkit::Result<Vec<Summed>> {
     let deadline = Instant::now() + within;
     loop {
         let outputs = committed_outputs(kafka, topic).await?;
@@ -267,7 +274,7 @@ pub async fn wait_for_caught_up(
     group: &str,
     input: &str,
     within: Duration,
-) -> Result<()> {
+) -> onceflow_testkit::Result<()> {
     let records = kafka.read_to_end(input, Isolation::ReadUncommitted).await?;
     let mut ends: BTreeMap<i32, Option<i64>> = BTreeMap::new();
     for record in &records {

@@ -10,8 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use onceflow::testkit::{self, Isolation, OutgoingRecord};
 use onceflow_e2e::*;
+use onceflow_testkit::{self as testkit, Isolation, OutgoingRecord};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;

@@ -35,11 +35,11 @@
 use std::time::{Duration, Instant};
 
 use onceflow::Engine;
-use onceflow::testkit::Cluster;
-use onceflow::testkit::Isolation;
 use onceflow_e2e::child::Instance;
 use onceflow_e2e::sum::{self, Amount, Sum};
 use onceflow_e2e::{Operator, Watcher};
+use onceflow_testkit::Cluster;
+use onceflow_testkit::Isolation;
 
 const WITHIN: Duration = Duration::from_secs(240);
 
@@ -88,7 +88,7 @@ async fn exactly_once_and_alive_through_a_killed_coordinator_a_restarted_leader_
 -> Result<(), Box<dyn std::error::Error>> {
     let _alone = ONE_AT_A_TIME.lock().await;
     onceflow_e2e::test_logs();
-    let cluster: &'static Cluster = onceflow::testkit::cluster().await;
+    let cluster: &'static Cluster = onceflow_testkit::cluster().await;
     eprintln!("three-node cluster started in {:?}", cluster.started_in);
     // A node's log can be read: what a cluster that does not heal shows of its nodes.
     let log = cluster.log_tail(cluster.node_ids()[0], 20).await;
@@ -213,7 +213,7 @@ async fn exactly_once_when_transactional_requests_time_out_on_a_paused_coordinat
 -> Result<(), Box<dyn std::error::Error>> {
     let _alone = ONE_AT_A_TIME.lock().await;
     onceflow_e2e::test_logs();
-    let cluster: &'static Cluster = onceflow::testkit::cluster().await;
+    let cluster: &'static Cluster = onceflow_testkit::cluster().await;
     let op = Operator::on(cluster.kafka(), "stalled-txn", 3).await?;
     let watcher = Watcher::start(op.kafka, &op.output, 3);
     // A third without an event ID the engine sees: a batch done again after a commit
@@ -270,7 +270,7 @@ async fn an_instance_started_while_its_transaction_coordinator_is_down_waits_for
 -> Result<(), Box<dyn std::error::Error>> {
     let _alone = ONE_AT_A_TIME.lock().await;
     onceflow_e2e::test_logs();
-    let cluster: &'static Cluster = onceflow::testkit::cluster().await;
+    let cluster: &'static Cluster = onceflow_testkit::cluster().await;
     let op = Operator::on(cluster.kafka(), "late", 3).await?;
     let events = sum::amounts(0, 600, 12);
     sum::produce(op.kafka, &op.input, &events).await?;
@@ -455,7 +455,7 @@ fn matrix_events(count: usize) -> Vec<Amount> {
 /// again; a slice whose write failed (a node down) is written again, which the
 /// processor must also absorb. Returns when everything is written.
 async fn feed(
-    kafka: &'static onceflow::testkit::Kafka,
+    kafka: &'static onceflow_testkit::Kafka,
     input: String,
     events: Vec<Amount>,
     over: Duration,
@@ -530,7 +530,7 @@ async fn run_matrix(
     feed_over: Duration,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let cluster: &'static Cluster = onceflow::testkit::cluster().await;
+    let cluster: &'static Cluster = onceflow_testkit::cluster().await;
     let started = Instant::now();
     let op = Operator::on(cluster.kafka(), name, MATRIX_PARTITIONS).await?;
     let watcher = Watcher::start(op.kafka, &op.output, MATRIX_PARTITIONS);
@@ -718,7 +718,7 @@ async fn run_matrix(
 async fn a_frozen_instance_wakes_as_a_zombie_commits_nothing_twice_and_rejoins()
 -> Result<(), Box<dyn std::error::Error>> {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let cluster: &'static Cluster = onceflow::testkit::cluster().await;
+    let cluster: &'static Cluster = onceflow_testkit::cluster().await;
     let op = Operator::on(cluster.kafka(), "zombie", 6).await?;
     let watcher = Watcher::start(op.kafka, &op.output, 6);
     let disks = [tempfile::tempdir()?, tempfile::tempdir()?];

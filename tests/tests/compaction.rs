@@ -16,10 +16,10 @@
 
 use std::time::{Duration, Instant};
 
-use onceflow::testkit::{Isolation, Kafka};
 use onceflow_e2e::Operator;
 use onceflow_e2e::child::{Instance, KillOnDrop, Running};
 use onceflow_e2e::sum::{self, Amount, Summed};
+use onceflow_testkit::{Isolation, Kafka};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use onceflow::testing::TestDriver;
-use onceflow::testkit::{Isolation, OutgoingRecord, Record};
 use onceflow::{Engine, EngineConfig, ErrorPolicy, StatsSnapshot};
 use onceflow_e2e::Operator;
 use onceflow_e2e::sum::{self, Sum};
+use onceflow_testkit::{Isolation, OutgoingRecord, Record};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -16,11 +16,11 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use onceflow::effects::{self, Bounds, EffectResult, Intent};
-use onceflow::testkit::{self, Isolation, Kafka};
 use onceflow::{Engine, EngineConfig};
 use onceflow_e2e::Operator;
 use onceflow_e2e::effects::{Behaviour, HttpCharge, PaymentService};
 use onceflow_e2e::sum::{self, Amount, Sum};
+use onceflow_testkit::{self as testkit, Isolation, Kafka};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use onceflow::testkit::{self, Isolation};
 use onceflow::{DeliveryMode, Engine, EngineConfig, Error, StatsSnapshot};
 use onceflow_e2e::Operator;
 use onceflow_e2e::sum::{self, Amount, Sum};
+use onceflow_testkit::{self as testkit, Isolation};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use onceflow::testkit::{self, Kafka};
 use onceflow_e2e::child::{Instance, wipe};
 use onceflow_e2e::sum::{self, Amount};
+use onceflow_testkit::{self as testkit, Kafka};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -378,8 +378,8 @@ async fn at_most_once_loses_only_the_batch_a_crash_interrupts() -> TestResult {
 ///    records are output exactly once and the failing one is dead-lettered exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_during_retries_still_dead_letters_exactly_once() -> TestResult {
-    use onceflow::testkit::{Isolation, OutgoingRecord};
     use onceflow_e2e::poison::{Behaviour, Order};
+    use onceflow_testkit::{Isolation, OutgoingRecord};
 
     let kafka = testkit::kafka().await;
     let state = tempfile::tempdir()?;

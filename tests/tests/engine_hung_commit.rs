@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use onceflow::testkit;
 use onceflow::{Engine, EngineConfig};
 use onceflow_e2e::sum::{self, Sum};
+use onceflow_testkit as testkit;
 
 const WITHIN: Duration = Duration::from_secs(180);
 

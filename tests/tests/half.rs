@@ -18,7 +18,7 @@ use std::time::Duration;
 use onceflow::effects::Bounds;
 use onceflow::half::{self, CheckBack, Decision, HalfConfig, HalfMessage, Resolved};
 use onceflow::outbox::sqlx::{self, PgPool};
-use onceflow::testkit::{self, Isolation};
+use onceflow_testkit::{self as testkit, Isolation};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use onceflow::testkit::{Isolation, Kafka, OutgoingRecord, Record};
 use onceflow::{DeliveryMode, Engine, EngineConfig, Error, StatsSnapshot};
 use onceflow_e2e::Operator;
 use onceflow_e2e::poison::{Behaviour, Order, Picky};
 use onceflow_e2e::sum::{self, Amount, Sum};
+use onceflow_testkit::{Isolation, Kafka, OutgoingRecord, Record};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use onceflow::outbox::sqlx::{self, PgPool, postgres::PgPoolOptions};
 use onceflow::outbox::{self, Message, RelayConfig};
-use onceflow::testkit::{self, Isolation, Kafka, Record};
+use onceflow_testkit::{self as testkit, Isolation, Kafka, Record};
 use serde::{Deserialize, Serialize};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;

@@ -4,10 +4,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use onceflow::testkit::{self, Isolation, OutgoingRecord, Record};
 use onceflow::{Engine, EngineConfig, ErrorPolicy, StatsSnapshot};
 use onceflow_e2e::Operator;
 use onceflow_e2e::poison::{Behaviour, Order, Picky};
+use onceflow_testkit::{self as testkit, Isolation, OutgoingRecord, Record};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -5,10 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use onceflow::testkit::Kafka;
 use onceflow::{Engine, EngineConfig, StatsSnapshot};
 use onceflow_e2e::Operator;
 use onceflow_e2e::sum::{self, Amount, Sum};
+use onceflow_testkit::Kafka;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
@@ -58,10 +58,7 @@ async fn run_to(
 fn leave_transaction_open(kafka: &Kafka, topic: &str, timeout: Duration) -> BaseProducer {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", kafka.bootstrap_servers())
-        .set(
-            "transactional.id",
-            onceflow::testkit::unique_name("foreign"),
-        )
+        .set("transactional.id", onceflow_testkit::unique_name("foreign"))
         .set("transaction.timeout.ms", timeout.as_millis().to_string())
         .create()
         .expect("foreign producer");
@@ -332,7 +329,7 @@ async fn a_recreated_changelog_is_told_by_its_topic_id_and_replayed_from_the_sta
 
     // From here on the state starts from nothing: its outputs go to a topic of their own,
     // so the exactly-once check covers what the new changelog holds.
-    let fresh = onceflow::testkit::unique_name("replay-recreated-fresh");
+    let fresh = onceflow_testkit::unique_name("replay-recreated-fresh");
     s.kafka.create_topic(&fresh, 1).await?;
     // `b` writes keys x0..x4 first, then 400 events of keys y0..y9: the new changelog
     // grows past `a`'s checkpoint with the x keys only near its start.

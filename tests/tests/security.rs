@@ -1,5 +1,5 @@
 //! Secured connections, against a broker with a SASL_SSL (SCRAM-SHA-512) listener, a
-//! mutual-TLS listener and ACLs enforced (`onceflow::testkit::secure_kafka`), running the
+//! mutual-TLS listener and ACLs enforced (`onceflow_testkit::secure_kafka`), running the
 //! `sum_service` binary (`onceflow::run`) configured as a user would: flags, `ONCEFLOW_*`
 //! variables and files.
 
@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use onceflow::testkit::{
-    self, ALLOWED_PREFIX, Isolation, LOCKED_PREFIX, SecureKafka, TestUser, secure_kafka,
-};
 use onceflow_e2e::sum::{self, Amount};
+use onceflow_testkit::{
+    self as testkit, ALLOWED_PREFIX, Isolation, LOCKED_PREFIX, SecureKafka, TestUser, secure_kafka,
+};
 use tokio::process::{Child, Command};
 
 /// One deployment of `sum_service`: its topics, group, state directory and log file.

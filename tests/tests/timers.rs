@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use onceflow::Engine;
-use onceflow::testkit::{Isolation, OutgoingRecord};
 use onceflow_e2e::buckets::{Buckets, Closed, OUT, assert_buckets, at, tick, ticks};
 use onceflow_e2e::{Operator, wait_for_members};
+use onceflow_testkit::{Isolation, OutgoingRecord};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -16,10 +16,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use onceflow::testkit::{Isolation, Kafka, Record};
 use onceflow_e2e::Operator;
 use onceflow_e2e::buckets::{Closed, Tick, at};
 use onceflow_e2e::child::{Instance, KillOnDrop, Running};
+use onceflow_testkit::{Isolation, Kafka, Record};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use onceflow::testkit::{Isolation, Kafka};
+use onceflow_testkit::{Isolation, Kafka};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -209,7 +209,7 @@ impl Deployment {
         topics: &[(&str, i32)],
         max_batch_records: usize,
     ) -> Deployment {
-        let kafka = onceflow::testkit::kafka().await;
+        let kafka = onceflow_testkit::kafka().await;
         for (topic, partitions) in topics {
             kafka
                 .create_topic(topic, *partitions)
@@ -221,7 +221,7 @@ impl Deployment {
         Deployment {
             kafka,
             example,
-            group: onceflow::testkit::unique_name(example),
+            group: onceflow_testkit::unique_name(example),
             state,
             log,
             max_batch_records,

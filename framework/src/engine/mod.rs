@@ -92,7 +92,7 @@ pub(crate) async fn check_topics(options: &ClientOptions, config: &EngineConfig)
 
 use crate::Result;
 use crate::config::{DeliveryMode, EngineConfig, ErrorPolicy};
-use crate::kafka::{self, ClientOptions, InputConsumer, Isolation};
+use crate::kafka::{self, ClientOptions, InputConsumer};
 use crate::processor::Processor;
 use crate::txlog::{self, Opened, TxLog};
 use backoff::retry_transient;
@@ -218,7 +218,6 @@ impl Engine {
                 &config.group,
                 &config.instance_id,
                 &config.input_topic,
-                Isolation::ReadCommitted,
                 config.max_batch_records,
             )
         };

@@ -6,8 +6,6 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, Top
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-#[cfg(feature = "testkit")]
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use super::{ClientOptions, kafka_error};
 use crate::blocking::blocking;
@@ -109,37 +107,6 @@ async fn wait_for_leaders(
     .await
 }
 
-#[cfg(feature = "testkit")]
-/// Proves the broker answers: metadata lists at least one broker, and a record written
-/// to `topic` (auto-created or existing) is acknowledged by all in-sync replicas.
-pub(crate) async fn probe(options: &ClientOptions, topic: &str, timeout: Duration) -> Result<()> {
-    let timeout_ms = timeout.as_millis().to_string();
-    let producer: FutureProducer = options
-        .config(&[("acks", "all"), ("message.timeout.ms", &timeout_ms)])
-        .create()
-        .map_err(|e| kafka_error("create probe producer", e))?;
-    let metadata_client = producer.clone();
-    let brokers = blocking("fetch metadata", move || {
-        metadata_client
-            .client()
-            .fetch_metadata(None, timeout)
-            .map(|metadata| metadata.brokers().len())
-            .map_err(|e| kafka_error("fetch metadata", e))
-    })
-    .await?;
-    if brokers == 0 {
-        return Err(Error::Broker("metadata lists no broker".into()));
-    }
-    producer
-        .send(
-            FutureRecord::to(topic).key("probe").payload("probe"),
-            timeout,
-        )
-        .await
-        .map_err(|(e, _)| kafka_error(crate::Operation::produce(topic), e))?;
-    Ok(())
-}
-
 /// The number of partitions of `topic`, or `None` when it does not exist.
 pub(crate) async fn partition_count(
     options: &ClientOptions,
@@ -229,80 +196,6 @@ pub(crate) async fn topic_config(
         }
     }
     Ok(None)
-}
-
-/// Sets topic-level configuration `name` = `value` on `topic` (an incremental change:
-/// the topic's other settings stay as they are).
-#[cfg(feature = "testkit")]
-pub(crate) async fn alter_topic_config(
-    options: &ClientOptions,
-    topic: &str,
-    name: &str,
-    value: &str,
-    timeout: Duration,
-) -> Result<()> {
-    let operation = format!("set `{name}` = `{value}` on `{topic}`");
-    let admin: AdminClient<DefaultClientContext> = options
-        .config(&[])
-        .create()
-        .map_err(|e| kafka_error(&operation, e))?;
-    // The admin API's alter is not incremental: keep the settings set on the topic.
-    let mut alteration = rdkafka::admin::AlterConfig::new(ResourceSpecifier::Topic(topic));
-    let described = admin
-        .describe_configs(
-            &[ResourceSpecifier::Topic(topic)],
-            &AdminOptions::new().request_timeout(Some(timeout)),
-        )
-        .await
-        .map_err(|e| kafka_error(&operation, e))?;
-    let mut kept = Vec::new();
-    for result in described {
-        let resource = result.map_err(|code| kafka_error(&operation, KafkaError::AdminOp(code)))?;
-        for entry in resource.entries {
-            if entry.source == rdkafka::admin::ConfigSource::DynamicTopic
-                && entry.name != name
-                && let Some(value) = entry.value
-            {
-                kept.push((entry.name, value));
-            }
-        }
-    }
-    for (key, value) in &kept {
-        alteration = alteration.set(key, value);
-    }
-    alteration = alteration.set(name, value);
-    let results = admin
-        .alter_configs(
-            &[alteration],
-            &AdminOptions::new().request_timeout(Some(timeout)),
-        )
-        .await
-        .map_err(|e| kafka_error(&operation, e))?;
-    for result in results {
-        result.map_err(|(_, code)| kafka_error(&operation, KafkaError::AdminOp(code)))?;
-    }
-    Ok(())
-}
-
-#[cfg(feature = "testkit")]
-/// Reads the cluster's metadata (of `topic`, or of every topic) and gives it to `read`.
-pub(crate) async fn with_metadata<T: Send + 'static>(
-    options: &ClientOptions,
-    topic: Option<&str>,
-    read: impl FnOnce(&rdkafka::metadata::Metadata) -> T + Send + 'static,
-) -> Result<T> {
-    let consumer: BaseConsumer = options
-        .config(&[])
-        .create()
-        .map_err(|e| kafka_error("create a metadata client", e))?;
-    let topic = topic.map(str::to_owned);
-    blocking("fetch metadata", move || {
-        let metadata =
-            Consumer::fetch_metadata(&consumer, topic.as_deref(), Duration::from_secs(10))
-                .map_err(|e| kafka_error("fetch metadata", e))?;
-        Ok(read(&metadata))
-    })
-    .await
 }
 
 /// Creates a topic onceflow owns when it does not exist yet; another client creating it

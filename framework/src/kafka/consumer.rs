@@ -21,7 +21,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, Offset, Statistics, TopicPartitionList};
 
-use super::{ClientOptions, Isolation, Record, kafka_error, types::to_record};
+use super::{ClientOptions, Record, kafka_error, types::to_record};
 use crate::Result;
 use crate::blocking::blocking;
 
@@ -160,7 +160,6 @@ fn input_config(
     options: &ClientOptions,
     group: &str,
     instance_id: &str,
-    isolation: Isolation,
     max_batch_records: usize,
 ) -> rdkafka::ClientConfig {
     let prefetch = max_batch_records.max(MIN_PREFETCH).to_string();
@@ -179,7 +178,8 @@ fn input_config(
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", "earliest"),
-            ("isolation.level", isolation.as_config()),
+            // Records of aborted transactions, and of open ones, are never processed.
+            ("isolation.level", "read_committed"),
             ("partition.assignment.strategy", "range,roundrobin"),
         ],
     )
@@ -388,11 +388,10 @@ impl InputConsumer {
         group: &str,
         instance_id: &str,
         topic: &str,
-        isolation: Isolation,
         max_batch_records: usize,
     ) -> Result<Self> {
         let consumer: BaseConsumer<RebalanceLog> =
-            input_config(options, group, instance_id, isolation, max_batch_records)
+            input_config(options, group, instance_id, max_batch_records)
                 .create_with_context(RebalanceLog::default())
                 .map_err(|e| kafka_error(format!("create the consumer of `{topic}`"), e))?;
         consumer
@@ -906,13 +905,7 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect();
             let options = ClientOptions::with_properties("broker:9092", &properties);
-            input_config(
-                &options,
-                "g",
-                "a",
-                Isolation::ReadCommitted,
-                max_batch_records,
-            )
+            input_config(&options, "g", "a", max_batch_records)
         };
         let batch = config(&[], 10_000);
         assert_eq!(batch.get("queued.min.messages"), Some("10000"));

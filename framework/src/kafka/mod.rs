@@ -1,6 +1,6 @@
 //! Kafka: the only module that names rdkafka types.
 //!
-//! Everything above it speaks the crate's own types ([`Record`], [`Isolation`],
+//! Everything above it speaks the crate's own types ([`Record`],
 //! [`crate::Error`]). Every librdkafka call that blocks a thread goes through
 //! [`blocking`], so no tokio worker ever waits on the broker.
 
@@ -10,17 +10,11 @@ mod deliveries;
 mod dlq;
 mod error;
 mod producer;
-#[cfg(feature = "testkit")]
-mod read;
 mod replay;
 mod security;
 mod topic_id;
 mod types;
-#[cfg(feature = "testkit")]
-mod write;
 
-#[cfg(feature = "testkit")]
-pub(crate) use admin::{alter_topic_config, probe, with_metadata};
 pub(crate) use admin::{create_topic, ensure_topic, partition_count, replica_count, topic_config};
 pub(crate) use consumer::{Holder, InputConsumer, Polled, Rebalanced};
 pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
@@ -28,24 +22,16 @@ pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
 pub(crate) use error::classify;
 pub(crate) use error::{kafka_error, known_topic_error};
 pub(crate) use producer::{OutputProducer, Pending};
-#[cfg(feature = "testkit")]
-pub(crate) use read::{committed_offsets, read_to_end, stable_ends};
 // The test driver's replay decides when to end as the engine's does.
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use replay::{AtTheEnd, at_the_end};
 pub(crate) use replay::{ReadEnd, Until, read_partition, read_partition_to_end};
 pub(crate) use security::{Resources, check_connection, explain};
 pub(crate) use topic_id::topic_id;
-#[cfg(feature = "testkit")]
-pub use types::Isolation;
-#[cfg(not(feature = "testkit"))]
-pub(crate) use types::Isolation;
-#[cfg(not(any(feature = "testkit", feature = "testing")))]
+#[cfg(not(feature = "testing"))]
 pub(crate) use types::Record;
-#[cfg(any(feature = "testkit", feature = "testing"))]
+#[cfg(feature = "testing")]
 pub use types::{OutgoingRecord, Record};
-#[cfg(feature = "testkit")]
-pub(crate) use write::produce;
 
 use rdkafka::ClientConfig;
 use secrecy::{ExposeSecret, SecretString};
@@ -76,11 +62,6 @@ pub(crate) struct ClientOptions {
 }
 
 impl ClientOptions {
-    #[cfg(feature = "testkit")]
-    pub(crate) fn new(bootstrap_servers: impl Into<String>) -> Self {
-        Self::with_properties(bootstrap_servers, &[])
-    }
-
     /// Options with `properties` passed to every client (later ones win).
     pub(crate) fn with_properties(
         bootstrap_servers: impl Into<String>,

@@ -448,7 +448,7 @@ mod tests {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
     use super::OutputProducer;
-    use crate::kafka::{ClientOptions, InputConsumer, Isolation};
+    use crate::kafka::{ClientOptions, InputConsumer};
 
     /// A consumer of the mock's topic `in` with its partition assigned, and a transactional
     /// producer in an open transaction.
@@ -457,9 +457,7 @@ mod tests {
     ) -> (InputConsumer, OutputProducer) {
         mock.create_topic("in", 1, 1).expect("topic");
         let options = ClientOptions::with_properties(mock.bootstrap_servers(), &[]);
-        let consumer =
-            InputConsumer::subscribe(&options, "g", "a", "in", Isolation::ReadCommitted, 10)
-                .expect("consumer");
+        let consumer = InputConsumer::subscribe(&options, "g", "a", "in", 10).expect("consumer");
         let deadline = Instant::now() + Duration::from_secs(30);
         while consumer.assigned().await.expect("assignment").is_empty() {
             assert!(Instant::now() < deadline, "never assigned");

@@ -1,31 +1,7 @@
-//! Plain record types that cross the `kafka` boundary (public through the testkit).
-#![cfg_attr(
-    not(any(feature = "testkit", feature = "testing")),
-    allow(unreachable_pub)
-)]
+//! Plain record types that cross the `kafka` boundary (public through `testing`).
+#![cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 
 use rdkafka::message::{Headers, Message};
-
-/// Which records a reader sees.
-#[cfg_attr(not(feature = "testkit"), allow(unreachable_pub))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
-    /// Only records of committed transactions (and non-transactional ones), up to the last
-    /// stable offset: what every consumer of onceflow's output should use.
-    ReadCommitted,
-    /// Every record written, including those of open and aborted transactions.
-    #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
-    ReadUncommitted,
-}
-
-impl Isolation {
-    pub(crate) fn as_config(self) -> &'static str {
-        match self {
-            Isolation::ReadCommitted => "read_committed",
-            Isolation::ReadUncommitted => "read_uncommitted",
-        }
-    }
-}
 
 /// A record read from a topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,13 +24,13 @@ pub struct Record {
 
 impl Record {
     /// The key as UTF-8 text (lossy), or `""` when there is none.
-    #[cfg(any(feature = "testkit", feature = "testing"))]
+    #[cfg(feature = "testing")]
     pub fn key_str(&self) -> String {
         String::from_utf8_lossy(self.key.as_deref().unwrap_or_default()).into_owned()
     }
 
     /// The value as UTF-8 text (lossy), or `""` when there is none.
-    #[cfg(any(feature = "testkit", feature = "testing"))]
+    #[cfg(feature = "testing")]
     pub fn value_str(&self) -> String {
         String::from_utf8_lossy(self.value.as_deref().unwrap_or_default()).into_owned()
     }
@@ -69,7 +45,7 @@ impl Record {
 }
 
 /// A record to write.
-#[cfg(any(feature = "testkit", feature = "testing"))]
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutgoingRecord {
     /// Key bytes; records with the same key land on the same partition.
@@ -84,7 +60,7 @@ pub struct OutgoingRecord {
     pub timestamp_ms: Option<i64>,
 }
 
-#[cfg(any(feature = "testkit", feature = "testing"))]
+#[cfg(feature = "testing")]
 impl OutgoingRecord {
     /// A record with a key and a value.
     pub fn keyed(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {

@@ -29,7 +29,7 @@ use tokio::sync::OnceCell;
 use super::broker::{self, Broker, DOCKER};
 use super::pki::TestPki;
 use super::{Kafka, unique_name};
-use crate::kafka::ClientOptions;
+use crate::client::ClientOptions;
 use crate::{Error, Result};
 
 /// Prefix of the topics, groups and transactional IDs the test users may use.
@@ -209,7 +209,7 @@ async fn start() -> Result<SecureKafka> {
     let (id, [sasl_ssl_port, mtls_port, admin_port]) = DOCKER
         .spawn(async move { start_container(&container_pki, &plain).await })
         .await
-        .map_err(|e| Error::Broker(format!("starting the secured container: {e}")))??;
+        .map_err(|e| Error::Environment(format!("starting the secured container: {e}")))??;
     let admin = Kafka {
         options: ClientOptions::new(format!("127.0.0.1:{admin_port}")),
         broker: Broker::Container { id: id.clone() },
@@ -220,9 +220,9 @@ async fn start() -> Result<SecureKafka> {
     let output = DOCKER
         .spawn(async move { create_users_and_acls(&setup_id, &setup_passwords).await })
         .await
-        .map_err(|e| Error::Broker(format!("setting up users and ACLs: {e}")))?;
+        .map_err(|e| Error::Environment(format!("setting up users and ACLs: {e}")))?;
     if let Err(error) = output {
-        return Err(Error::Broker(format!(
+        return Err(Error::Environment(format!(
             "{error}\n--- broker log (last 40 lines) ---\n{}",
             admin.log_tail(40).await
         )));
@@ -241,7 +241,8 @@ async fn start() -> Result<SecureKafka> {
 fn write_files(pki: &TestPki) -> Result<PathBuf> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let dir = std::env::temp_dir().join(unique_name("onceflow-test-pki"));
-    let io = |path: &Path, e: std::io::Error| Error::Broker(format!("{}: {e}", path.display()));
+    let io =
+        |path: &Path, e: std::io::Error| Error::Environment(format!("{}: {e}", path.display()));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
@@ -331,7 +332,7 @@ async fn start_container(pki: &TestPki, plain_password: &str) -> Result<(String,
     })
     .await
     .map_err(|last_error| {
-        Error::Broker(format!(
+        Error::Environment(format!(
             "could not start the secured Kafka container from `{image}`: {last_error}"
         ))
     })
@@ -384,9 +385,11 @@ async fn create_users_and_acls(id: &str, passwords: &[(TestUser, String)]) -> Re
     command.extend(lines);
     let output = broker::exec(id, command)
         .await
-        .map_err(|e| Error::Broker(format!("running SecureSetup.java: {e}")))?;
+        .map_err(|e| Error::Environment(format!("running SecureSetup.java: {e}")))?;
     if output.contains("onceflow-setup-exit=0") {
         return Ok(());
     }
-    Err(Error::Broker(format!("SecureSetup.java failed:\n{output}")))
+    Err(Error::Environment(format!(
+        "SecureSetup.java failed:\n{output}"
+    )))
 }

@@ -15,9 +15,9 @@ use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 use tokio::sync::{Mutex, OnceCell};
 
-use super::DEFAULT_TIMEOUT;
-use crate::kafka::{self as client, ClientOptions, Isolation, OutgoingRecord, Record};
-use crate::{Error, Result};
+use crate::DEFAULT_TIMEOUT;
+use crate::client::{self, ClientOptions};
+use crate::{Error, Isolation, OutgoingRecord, Record, Result};
 
 /// A broker the tests can talk to.
 #[derive(Debug)]
@@ -90,7 +90,7 @@ impl Kafka {
         topic: &str,
         records: impl IntoIterator<Item = OutgoingRecord>,
     ) -> Result<Vec<(i32, i64)>> {
-        client::produce(
+        crate::write::produce(
             &self.options,
             topic,
             records.into_iter().collect(),
@@ -102,14 +102,14 @@ impl Kafka {
     /// Reads `topic` from the beginning to its current end under `isolation`, in
     /// partition then offset order.
     pub async fn read_to_end(&self, topic: &str, isolation: Isolation) -> Result<Vec<Record>> {
-        client::read_to_end(&self.options, topic, isolation, DEFAULT_TIMEOUT).await
+        crate::read::read_to_end(&self.options, topic, isolation, DEFAULT_TIMEOUT).await
     }
 
     /// Each partition of `topic` with its last stable offset and high watermark: one
     /// whose last stable offset stays below its high watermark has a transaction open
     /// (or hanging) that every `read_committed` reader stops at.
     pub async fn stable_ends(&self, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>> {
-        client::stable_ends(&self.options, topic, DEFAULT_TIMEOUT).await
+        crate::read::stable_ends(&self.options, topic, DEFAULT_TIMEOUT).await
     }
 
     /// The offsets `group` has committed on each partition of `topic`.
@@ -118,7 +118,7 @@ impl Kafka {
         group: &str,
         topic: &str,
     ) -> Result<BTreeMap<i32, Option<i64>>> {
-        client::committed_offsets(&self.options, group, topic, DEFAULT_TIMEOUT).await
+        crate::read::committed_offsets(&self.options, group, topic, DEFAULT_TIMEOUT).await
     }
 
     /// Bit rot on the broker's disk: overwrites the first byte of the first stored copy of
@@ -275,7 +275,7 @@ impl Broker {
     async fn set_paused(&self, paused: bool) -> Result<()> {
         let what = if paused { "pause" } else { "unpause" };
         let Broker::Container { id } = self else {
-            return Err(Error::Broker(format!(
+            return Err(Error::Environment(format!(
                 "cannot {what} a broker reached through ONCEFLOW_TEST_BOOTSTRAP"
             )));
         };
@@ -284,16 +284,16 @@ impl Broker {
             .spawn(async move {
                 let guard = CONTAINERS.lock().await;
                 let container = find(&guard, &id)
-                    .ok_or_else(|| Error::Broker(format!("{what}: the container is gone")))?;
+                    .ok_or_else(|| Error::Environment(format!("{what}: the container is gone")))?;
                 let result = if paused {
                     super::pause_with_retries(|| container.pause(), || container.unpause()).await
                 } else {
                     container.unpause().await
                 };
-                result.map_err(|e| Error::Broker(format!("{what}: {e}")))
+                result.map_err(|e| Error::Environment(format!("{what}: {e}")))
             })
             .await
-            .map_err(|e| Error::Broker(format!("{what}: {e}")))?
+            .map_err(|e| Error::Environment(format!("{what}: {e}")))?
     }
 
     /// Overwrites the first byte of the first stored copy of `needle` in `topic`'s
@@ -301,13 +301,13 @@ impl Broker {
     /// sends from), and returns that byte's position in the segment.
     pub(super) async fn corrupt(&self, topic: &str, partition: i32, needle: &str) -> Result<u64> {
         let Broker::Container { id } = self else {
-            return Err(Error::Broker(
+            return Err(Error::Environment(
                 "cannot corrupt the log of a broker reached through ONCEFLOW_TEST_BOOTSTRAP".into(),
             ));
         };
         let ok = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
         if !topic.chars().all(ok) || needle.is_empty() || !needle.chars().all(ok) {
-            return Err(Error::Broker(format!(
+            return Err(Error::Environment(format!(
                 "corrupt: `{topic}` and `{needle}` must be letters, digits, `-`, `_`, `.`"
             )));
         }
@@ -326,13 +326,13 @@ impl Broker {
         let output = DOCKER
             .spawn(async move { exec(&id, command).await })
             .await
-            .map_err(|e| Error::Broker(format!("corrupt: {e}")))??;
+            .map_err(|e| Error::Environment(format!("corrupt: {e}")))??;
         output
             .lines()
             .find_map(|line| line.strip_prefix("onceflow-corrupted="))
             .and_then(|at| at.trim().parse().ok())
             .ok_or_else(|| {
-                Error::Broker(format!(
+                Error::Environment(format!(
                     "corrupt: `{needle}` not found in the log of `{topic}` [{partition}]: {output}"
                 ))
             })
@@ -353,10 +353,12 @@ impl Broker {
             .spawn(async move {
                 let guard = CONTAINERS.lock().await;
                 find(&guard, &id).ok_or_else(|| {
-                    Error::Broker(format!("keep running: container {id} is gone"))
+                    Error::Environment(format!("keep running: container {id} is gone"))
                 })?;
-                let docker = testcontainers::bollard::Docker::connect_with_defaults()
-                    .map_err(|e| Error::Broker(format!("keep running: no Docker engine: {e}")))?;
+                let docker =
+                    testcontainers::bollard::Docker::connect_with_defaults().map_err(|e| {
+                        Error::Environment(format!("keep running: no Docker engine: {e}"))
+                    })?;
                 let options = RenameContainerOptionsBuilder::new().name(&new_name).build();
                 docker
                     .rename_container(&id, options)
@@ -364,12 +366,12 @@ impl Broker {
                     .map_err(|error| match error {
                         DockerResponseServerError {
                             status_code: 409, ..
-                        } => Error::Broker(format!(
+                        } => Error::Environment(format!(
                             "keep running: a container named `{new_name}` exists already (a \
                              broker kept earlier?): use it, or remove it with `docker rm -f \
                              {new_name}`"
                         )),
-                        error => Error::Broker(format!(
+                        error => Error::Environment(format!(
                             "keep running: cannot name container {id} `{new_name}`: {error}"
                         )),
                     })?;
@@ -379,7 +381,7 @@ impl Broker {
                 Ok::<(), Error>(())
             })
             .await
-            .map_err(|e| Error::Broker(format!("keep running: {e}")))??;
+            .map_err(|e| Error::Environment(format!("keep running: {e}")))??;
         Ok(Some(KeptBroker {
             container: name.to_owned(),
             bootstrap_servers: bootstrap_servers.to_owned(),
@@ -421,7 +423,7 @@ async fn start() -> Result<Kafka> {
     let (id, port) = DOCKER
         .spawn(start_container())
         .await
-        .map_err(|e| Error::Broker(format!("starting the container: {e}")))??;
+        .map_err(|e| Error::Environment(format!("starting the container: {e}")))??;
     // The container maps the port on every host address; 127.0.0.1 is the one that works
     // everywhere, including inside a container where testcontainers would pick the bridge.
     let kafka = Kafka {
@@ -438,10 +440,10 @@ pub(super) fn ready_timeout() -> Result<Duration> {
         Ok(seconds) => seconds
             .parse::<u64>()
             .map(Duration::from_secs)
-            .map_err(|_| Error::Config {
-                key: "ONCEFLOW_TEST_BROKER_TIMEOUT".into(),
-                value: seconds,
-                accepted: "a whole number of seconds".into(),
+            .map_err(|_| {
+                Error::Environment(format!(
+                    "ONCEFLOW_TEST_BROKER_TIMEOUT=`{seconds}`: a whole number of seconds is needed"
+                ))
             }),
     }
 }
@@ -455,7 +457,9 @@ pub(super) async fn wait_ready(kafka: &Kafka, timeout: Duration) -> Result<()> {
     loop {
         let attempt = async {
             match client::create_topic(&kafka.options, PROBE_TOPIC, 1, &[], attempt_timeout).await {
-                Err(error) if error.has_code(crate::KafkaCode::TOPIC_ALREADY_EXISTS) => {}
+                Err(error)
+                    if error.code()
+                        == Some(rdkafka::error::RDKafkaErrorCode::TopicAlreadyExists) => {}
                 other => other?,
             }
             client::probe(&kafka.options, PROBE_TOPIC, attempt_timeout).await
@@ -468,14 +472,14 @@ pub(super) async fn wait_ready(kafka: &Kafka, timeout: Duration) -> Result<()> {
             Err(error) => last_error = error.to_string(),
         }
         if !kafka.broker.is_running().await {
-            return Err(Error::Broker(format!(
+            return Err(Error::Environment(format!(
                 "the Kafka container exited before it was ready (last probe: {last_error})\n\
                  --- broker log (last 60 lines) ---\n{}",
                 kafka.log_tail(60).await
             )));
         }
         if started.elapsed() >= timeout {
-            return Err(Error::Broker(format!(
+            return Err(Error::Environment(format!(
                 "Kafka at {} did not become ready within {timeout:?} (last probe: {last_error})\n\
                  --- broker log (last 60 lines) ---\n{}",
                 kafka.bootstrap_servers(),
@@ -553,7 +557,7 @@ async fn start_container() -> Result<(String, u16)> {
     .await;
     match started {
         Ok((id, [port])) => Ok((id, port)),
-        Err(last_error) => Err(Error::Broker(format!(
+        Err(last_error) => Err(Error::Environment(format!(
             "could not start a Kafka container from `{image}`: {last_error}\n\
              Is the Docker engine running? Where images cannot be pulled, build the local one with \
              `docker/kafka/build.sh` (it is then used automatically) or point ONCEFLOW_KAFKA_IMAGE \
@@ -643,11 +647,11 @@ pub(super) async fn remove_at_exit(dir: std::path::PathBuf) {
 pub(super) async fn exec(id: &str, command: Vec<String>) -> Result<String> {
     let guard = CONTAINERS.lock().await;
     let container =
-        find(&guard, id).ok_or_else(|| Error::Broker(format!("container {id} is gone")))?;
+        find(&guard, id).ok_or_else(|| Error::Environment(format!("container {id} is gone")))?;
     let mut result = container
         .exec(ExecCommand::new(command))
         .await
-        .map_err(|e| Error::Broker(format!("running a command in container {id}: {e}")))?;
+        .map_err(|e| Error::Environment(format!("running a command in container {id}: {e}")))?;
     let stdout = result.stdout_to_vec().await.unwrap_or_default();
     Ok(String::from_utf8_lossy(&stdout).into_owned())
 }
@@ -663,11 +667,11 @@ pub(super) async fn keep_until_exit(container: ContainerAsync<GenericImage>) -> 
 
 pub(super) fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::Broker(format!("no free local port for the broker: {e}")))?;
+        .map_err(|e| Error::Environment(format!("no free local port for the broker: {e}")))?;
     listener
         .local_addr()
         .map(|a| a.port())
-        .map_err(|e| Error::Broker(e.to_string()))
+        .map_err(|e| Error::Environment(e.to_string()))
 }
 
 async fn container_log_tail(container: &ContainerAsync<GenericImage>, lines: usize) -> String {

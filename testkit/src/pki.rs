@@ -44,7 +44,7 @@ pub struct TestPki {
 }
 
 fn rcgen_error(error: rcgen::Error) -> Error {
-    Error::Broker(format!("generating test certificates: {error}"))
+    Error::Environment(format!("generating test certificates: {error}"))
 }
 
 fn named(common_name: &str, names: &[&str]) -> Result<CertificateParams> {

@@ -24,7 +24,7 @@ use tokio::sync::OnceCell;
 
 use super::Kafka;
 use super::broker::{self, Broker, DOCKER};
-use crate::kafka::{self as client, ClientOptions};
+use crate::client::{self, ClientOptions};
 use crate::{Error, Result};
 
 /// Partitions of `__transaction_state` and `__consumer_offsets` in the cluster (the
@@ -136,9 +136,10 @@ impl Cluster {
             let spawned = DOCKER
                 .spawn(async move { broker::start_with_ports(&image_name, request).await })
                 .await
-                .map_err(|e| Error::Broker(format!("starting node {id}: {e}")))?;
-            let (container, [port]) = spawned
-                .map_err(|e| Error::Broker(format!("could not start cluster node {id}: {e}")))?;
+                .map_err(|e| Error::Environment(format!("starting node {id}: {e}")))?;
+            let (container, [port]) = spawned.map_err(|e| {
+                Error::Environment(format!("could not start cluster node {id}: {e}"))
+            })?;
             started_nodes.push(Node {
                 id,
                 container,
@@ -211,7 +212,7 @@ impl Cluster {
                             .into_iter()
                             .filter(|id| !listed.contains(id))
                             .collect();
-                        return Err(Error::Broker(format!(
+                        return Err(Error::Environment(format!(
                             "node {} lists {} of {} nodes ({listed:?})",
                             node.id,
                             listed.len(),
@@ -230,12 +231,14 @@ impl Cluster {
                 )
                 .await
                 {
-                    Err(error) if error.has_code(crate::KafkaCode::TOPIC_ALREADY_EXISTS) => {}
+                    Err(error)
+                        if error.code()
+                            == Some(rdkafka::error::RDKafkaErrorCode::TopicAlreadyExists) => {}
                     other => other?,
                 }
                 let isr = self.in_sync(probe, 0).await?;
                 if isr.len() < self.nodes.len() {
-                    return Err(Error::Broker(format!(
+                    return Err(Error::Environment(format!(
                         "probe topic in sync on {isr:?} only"
                     )));
                 }
@@ -257,7 +260,7 @@ impl Cluster {
                 self.log_tail(id, 40).await
             ));
         }
-        Err(Error::Broker(format!(
+        Err(Error::Environment(format!(
             "the cluster did not become healthy within {timeout:?}: {last}{logs}"
         )))
     }
@@ -275,7 +278,7 @@ impl Cluster {
         .await?;
         leader
             .filter(|id| *id >= 0)
-            .ok_or_else(|| Error::Broker(format!("`{topic}` [{partition}] has no leader now")))
+            .ok_or_else(|| Error::Environment(format!("`{topic}` [{partition}] has no leader now")))
     }
 
     /// The nodes that hold a replica of partition `partition` of `topic` (in sync or not:
@@ -481,14 +484,14 @@ impl Cluster {
             .state
             .and_then(|s| s.pid)
             .filter(|pid| *pid > 0)
-            .ok_or_else(|| Error::Broker(format!("node {id} is not running")))?;
+            .ok_or_else(|| Error::Environment(format!("node {id} is not running")))?;
         let address = inspected
             .network_settings
             .and_then(|n| n.networks)
             .and_then(|mut networks| networks.remove(&network))
             .and_then(|endpoint| endpoint.ip_address)
             .filter(|ip| !ip.is_empty())
-            .ok_or_else(|| Error::Broker(format!("node {id} has no address on {network}")))?;
+            .ok_or_else(|| Error::Environment(format!("node {id} has no address on {network}")))?;
         Ok((pid, address))
     }
 
@@ -497,7 +500,7 @@ impl Cluster {
             .iter()
             .find(|n| n.id == id)
             .map(|n| n.container.clone())
-            .ok_or_else(|| Error::Broker(format!("the cluster has no node {id}")))
+            .ok_or_else(|| Error::Environment(format!("the cluster has no node {id}")))
     }
 
     /// [`Cluster::wait_healthy`] with the default healing time.
@@ -516,13 +519,13 @@ where
     DOCKER
         .spawn(async move {
             let docker = Docker::connect_with_defaults()
-                .map_err(|e| Error::Broker(format!("{what}: no Docker engine: {e}")))?;
+                .map_err(|e| Error::Environment(format!("{what}: no Docker engine: {e}")))?;
             call(docker)
                 .await
-                .map_err(|e| Error::Broker(format!("{what} a cluster node: {e}")))
+                .map_err(|e| Error::Environment(format!("{what} a cluster node: {e}")))
         })
         .await
-        .map_err(|e| Error::Broker(format!("{what}: {e}")))?
+        .map_err(|e| Error::Environment(format!("{what}: {e}")))?
 }
 
 /// Runs `iptables ARGS` in the network namespace of the process `pid` (a node's
@@ -538,14 +541,14 @@ async fn iptables_in(pid: i64, args: Vec<String>) -> Result<()> {
             .args(&args)
             .output()
             .map_err(|e| {
-                Error::Broker(format!(
+                Error::Environment(format!(
                     "nsenter iptables: {e} (needs util-linux and iptables)"
                 ))
             })?;
         if output.status.success() {
             Ok(())
         } else {
-            Err(Error::Broker(format!(
+            Err(Error::Environment(format!(
                 "iptables {} in the netns of {pid}: {} (cutting a node off its peers needs root)",
                 args.join(" "),
                 String::from_utf8_lossy(&output.stderr).trim()
@@ -553,7 +556,7 @@ async fn iptables_in(pid: i64, args: Vec<String>) -> Result<()> {
         }
     })
     .await
-    .map_err(|e| Error::Broker(format!("iptables: {e}")))?
+    .map_err(|e| Error::Environment(format!("iptables: {e}")))?
 }
 
 /// The partition of `__transaction_state` or `__consumer_offsets` whose leader

@@ -3,14 +3,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::types::to_record;
-use super::{ClientOptions, Isolation, Record, kafka_error};
-use crate::blocking::blocking;
-use crate::{Error, Result};
+use crate::client::{ClientOptions, blocking};
+use crate::{Error, Isolation, Record, Result};
 
 /// Reads every partition of `topic` from the beginning to its end as of now and returns
 /// the records in partition, then offset, order.
@@ -25,7 +24,7 @@ pub(crate) async fn read_to_end(
     timeout: Duration,
 ) -> Result<Vec<Record>> {
     let operation = format!("read `{topic}` to its end ({})", isolation.as_config());
-    let consumer: BaseConsumer<super::replay::Reader> = options
+    let consumer: BaseConsumer = options
         .config(&[
             // A group is required by the consumer API; nothing is ever committed to it.
             ("group.id", "onceflow-reader"),
@@ -36,8 +35,8 @@ pub(crate) async fn read_to_end(
             ("fetch.wait.max.ms", "10"),
             ("isolation.level", isolation.as_config()),
         ])
-        .create_with_context(super::replay::Reader)
-        .map_err(|e| kafka_error(&operation, e))?;
+        .create()
+        .map_err(|e| Error::kafka(&operation, e))?;
     let topic = topic.to_owned();
     blocking(&operation.clone(), move || {
         let deadline = Instant::now() + timeout;
@@ -46,11 +45,11 @@ pub(crate) async fn read_to_end(
         for partition in &partitions {
             assignment
                 .add_partition_offset(&topic, *partition, Offset::Beginning)
-                .map_err(|e| kafka_error(&operation, e))?;
+                .map_err(|e| Error::kafka(&operation, e))?;
         }
         consumer
             .assign(&assignment)
-            .map_err(|e| kafka_error(&operation, e))?;
+            .map_err(|e| Error::kafka(&operation, e))?;
 
         let mut not_at_end: BTreeSet<i32> = partitions.into_iter().collect();
         // Partitions that reported their end but whose end check failed on a retriable
@@ -87,8 +86,8 @@ pub(crate) async fn read_to_end(
                 None => {}
                 Some(Ok(message)) => records.push(to_record(&message)),
                 // An end is reported against the offsets of the fetch that saw it, which
-                // may be older than now (the replay lost a key's state to an early one,
-                // `replay::standing`): believed only once the position reaches the end
+                // may be older than now (onceflow's replay once lost a key's state to an
+                // early one): believed only once the position reaches the end
                 // asked for again, else the read goes on.
                 Some(Err(KafkaError::PartitionEOF(partition))) => {
                     match end_known(&consumer, &topic, partition, timeout)? {
@@ -104,7 +103,7 @@ pub(crate) async fn read_to_end(
                 Some(Err(error)) => {
                     // Connections come back by themselves (a broker restarting, a network
                     // blip): keep polling until the deadline rather than fail at once.
-                    let error = kafka_error(&operation, error);
+                    let error = Error::kafka(&operation, error);
                     if !error.is_retriable() {
                         return Err(error);
                     }
@@ -121,7 +120,7 @@ pub(crate) async fn read_to_end(
 /// [`reached_end`], or `None` when the check failed on a retriable error: a partition's
 /// new leader answers OFFSET_NOT_AVAILABLE ("leader high watermark is not caught up") for
 /// a moment after an election, and a broker may be away. The caller checks again.
-fn end_known<C: rdkafka::consumer::ConsumerContext>(
+fn end_known<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
     partition: i32,
@@ -139,7 +138,7 @@ fn end_known<C: rdkafka::consumer::ConsumerContext>(
 
 /// Whether `consumer`'s position on `partition` is at the end its isolation sees now
 /// (the last stable offset under `read_committed`, the high watermark otherwise).
-fn reached_end<C: rdkafka::consumer::ConsumerContext>(
+fn reached_end<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
     partition: i32,
@@ -148,16 +147,14 @@ fn reached_end<C: rdkafka::consumer::ConsumerContext>(
     let what = || format!("read `{topic}` [{partition}] to its end");
     let (_, end) = consumer
         .fetch_watermarks(topic, partition, timeout)
-        .map_err(|e| kafka_error(what(), e))?;
+        .map_err(|e| Error::kafka(what(), e))?;
     let position = consumer
         .position()
-        .map_err(|e| kafka_error(what(), e))?
+        .map_err(|e| Error::kafka(what(), e))?
         .find_partition(topic, partition)
         .map(|element| element.offset());
     Ok(match position {
-        Some(Offset::Offset(at)) => {
-            super::replay::standing(true, at, end) == super::replay::Standing::AtTheEnd
-        }
+        Some(Offset::Offset(at)) => at >= end,
         // No position to compare (none fetched yet): the end is believed, as before.
         _ => true,
     })
@@ -177,7 +174,7 @@ pub(crate) async fn committed_offsets(
     let consumer: BaseConsumer = options
         .config(&[("group.id", group), ("enable.auto.commit", "false")])
         .create()
-        .map_err(|e| kafka_error(&operation, e))?;
+        .map_err(|e| Error::kafka(&operation, e))?;
     let topic = topic.to_owned();
     blocking(&operation.clone(), move || {
         let mut query = TopicPartitionList::new();
@@ -216,7 +213,7 @@ fn ask_until<T>(
         match call(left) {
             Ok(answer) => return Ok(answer),
             Err(error) => {
-                let error = kafka_error(operation, error);
+                let error = Error::kafka(operation, error);
                 if !error.is_retriable() || left.is_zero() {
                     return Err(error);
                 }
@@ -237,15 +234,15 @@ pub(crate) async fn stable_ends(
     timeout: Duration,
 ) -> Result<BTreeMap<i32, (i64, i64)>> {
     let operation = format!("read the ends of `{topic}`");
-    let reader = |isolation: Isolation| -> Result<BaseConsumer<super::replay::Reader>> {
+    let reader = |isolation: Isolation| -> Result<BaseConsumer> {
         options
             .config(&[
                 ("group.id", "onceflow-reader"),
                 ("enable.auto.commit", "false"),
                 ("isolation.level", isolation.as_config()),
             ])
-            .create_with_context(super::replay::Reader)
-            .map_err(|e| kafka_error(&operation, e))
+            .create()
+            .map_err(|e| Error::kafka(&operation, e))
     };
     let committed = reader(Isolation::ReadCommitted)?;
     let uncommitted = reader(Isolation::ReadUncommitted)?;
@@ -254,7 +251,7 @@ pub(crate) async fn stable_ends(
         let deadline = Instant::now() + timeout;
         // A retriable answer (a new leader's high watermark not caught up yet, a broker
         // away) is asked again until the deadline, as the committed offsets are.
-        let end = |consumer: &BaseConsumer<super::replay::Reader>, partition: i32| {
+        let end = |consumer: &BaseConsumer, partition: i32| {
             ask_until(&operation, deadline, |left| {
                 consumer.fetch_watermarks(&topic, partition, left.max(Duration::from_millis(100)))
             })
@@ -271,21 +268,43 @@ pub(crate) async fn stable_ends(
     .await
 }
 
+/// Copies a consumed message into a [`Record`].
+fn to_record(message: &impl Message) -> Record {
+    let headers = message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|header| (header.key.to_owned(), header.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        topic: message.topic().to_owned(),
+        partition: message.partition(),
+        offset: message.offset(),
+        key: message.key().map(<[u8]>::to_vec),
+        value: message.payload().map(<[u8]>::to_vec),
+        headers,
+        timestamp_ms: message.timestamp().to_millis(),
+    }
+}
+
 /// The partition numbers of `topic`; an error if the topic does not exist.
-fn partitions_of<C: rdkafka::consumer::ConsumerContext>(
+fn partitions_of<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
     timeout: Duration,
 ) -> Result<Vec<i32>> {
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| kafka_error(format!("fetch metadata of `{topic}`"), e))?;
+        .map_err(|e| Error::kafka(format!("fetch metadata of `{topic}`"), e))?;
     let found = metadata
         .topics()
         .iter()
         .find(|t| t.name() == topic)
         .filter(|t| t.error().is_none() && !t.partitions().is_empty())
-        .ok_or_else(|| Error::Broker(format!("topic `{topic}` does not exist")))?;
+        .ok_or_else(|| Error::Environment(format!("topic `{topic}` does not exist")))?;
     Ok(found.partitions().iter().map(|p| p.id()).collect())
 }
 
@@ -301,7 +320,7 @@ mod tests {
     use rdkafka::{Offset, TopicPartitionList};
 
     use super::{end_known, reached_end, stable_ends};
-    use crate::kafka::ClientOptions;
+    use crate::client::ClientOptions;
 
     /// librdkafka's mock cluster drives the error (an error path, no exactly-once claim):
     /// a partition's new leader answers the end check with OFFSET_NOT_AVAILABLE ("leader

@@ -1,8 +1,8 @@
 //! Kafka for tests: a real Apache Kafka broker and the helpers tests need around it.
 //!
 //! ```no_run
-//! # async fn demo() -> onceflow::Result<()> {
-//! use onceflow::testkit::{self, Isolation, OutgoingRecord};
+//! # async fn demo() -> onceflow_testkit::Result<()> {
+//! use onceflow_testkit::{self as testkit, Isolation, OutgoingRecord};
 //!
 //! let kafka = testkit::kafka().await; // one broker per test binary, started on first use
 //! let topic = testkit::unique_name("orders");
@@ -25,22 +25,54 @@
 //!
 //! Every test should take its own names from [`unique_name`] (topics, groups,
 //! transactional IDs), so tests sharing the broker never see each other's data.
+//!
+//! Also here: a three-node cluster on its own Docker network with faults
+//! ([`cluster`]), a broker that requires SASL and TLS ([`secure_kafka`]), test
+//! certificates ([`TestPki`]) and a real PostgreSQL server ([`postgres`]).
+//!
+//! This crate is apart from `onceflow`, so the product carries no testcontainers, no Java
+//! and no `unsafe`. Its records are those of onceflow's broker-free test driver
+//! ([`onceflow::testing`]), so a test compares what the driver and the broker produce with
+//! one type.
 
 mod broker;
+mod client;
 mod cluster;
+mod error;
 mod pki;
 mod postgres;
+mod read;
 mod secure;
+mod write;
 
 use std::time::Duration;
 
-pub use crate::kafka::{Isolation, OutgoingRecord, Record};
 pub use broker::{KAFKA_VERSION, Kafka, KeptBroker, LOCAL_IMAGE, OFFICIAL_IMAGE, kafka};
 pub use cluster::{Cluster, cluster};
+pub use error::{Error, Result};
+pub use onceflow::testing::{OutgoingRecord, Record};
 pub use pki::{CLIENT_COMMON_NAME, CertifiedKeyPem, TestPki};
 pub use postgres::{Postgres, postgres};
 pub use secure::{ALLOWED_PREFIX, LOCKED_PREFIX, SecureKafka, TestUser, secure_kafka};
 
+/// Which records a reader sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Only records of committed transactions (and non-transactional ones), up to the last
+    /// stable offset: what every consumer of onceflow's output should use.
+    ReadCommitted,
+    /// Every record written, including those of open and aborted transactions.
+    ReadUncommitted,
+}
+
+impl Isolation {
+    fn as_config(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "read_committed",
+            Isolation::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
 /// How long helpers wait for the broker before they fail with what they saw.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 

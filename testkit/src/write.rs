@@ -5,8 +5,8 @@ use std::time::Duration;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use super::{ClientOptions, OutgoingRecord, kafka_error};
-use crate::Result;
+use crate::client::ClientOptions;
+use crate::{Error, OutgoingRecord, Result};
 
 /// Writes `records` to `topic` with an idempotent producer (`acks=all`) and returns the
 /// `(partition, offset)` each landed at, in order. Fails on the first record the broker
@@ -26,7 +26,7 @@ pub(crate) async fn produce(
             ("message.timeout.ms", &timeout_ms),
         ])
         .create()
-        .map_err(|e| kafka_error("create producer", e))?;
+        .map_err(|e| Error::kafka("create producer", e))?;
     // Send everything first, then await: one round trip per batch, not per record.
     let mut pending = Vec::with_capacity(records.len());
     for record in &records {
@@ -52,16 +52,16 @@ pub(crate) async fn produce(
         }
         let delivery = producer
             .send_result(future)
-            .map_err(|(e, _)| kafka_error(format!("enqueue a record for `{topic}`"), e))?;
+            .map_err(|(e, _)| Error::kafka(format!("enqueue a record for `{topic}`"), e))?;
         pending.push(delivery);
     }
     let mut positions = Vec::with_capacity(pending.len());
     for delivery in pending {
         match delivery.await {
             Ok(Ok(delivered)) => positions.push((delivered.partition, delivered.offset)),
-            Ok(Err((e, _))) => return Err(kafka_error(crate::Operation::produce(topic), e)),
+            Ok(Err((e, _))) => return Err(Error::kafka(format!("produce to `{topic}`"), e)),
             Err(_cancelled) => {
-                return Err(crate::Error::Broker(format!(
+                return Err(Error::Environment(format!(
                     "the producer for `{topic}` went away before acknowledging a record"
                 )));
             }

@@ -32,18 +32,18 @@ impl Postgres {
     }
 
     /// Creates a database of its own for a test, named `<prefix>_<unique>`, and returns its
-    /// URL (feature `outbox`, which brings the PostgreSQL client).
-    #[cfg(feature = "outbox")]
+    /// URL (feature `sqlx`, which brings the PostgreSQL client).
+    #[cfg(feature = "sqlx")]
     pub async fn create_database(&self, prefix: &str) -> Result<String> {
         use sqlx::Connection;
         let name = super::unique_name(prefix).replace('-', "_");
         let mut admin = sqlx::PgConnection::connect(&self.url)
             .await
-            .map_err(crate::outbox::db_error)?;
+            .map_err(|e| Error::Environment(format!("PostgreSQL: {e}")))?;
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&mut admin)
             .await
-            .map_err(crate::outbox::db_error)?;
+            .map_err(|e| Error::Environment(format!("PostgreSQL: {e}")))?;
         let _ = admin.close().await;
         Ok(self.database_url(&name))
     }
@@ -177,7 +177,7 @@ fn start() -> Result<Postgres> {
 }
 
 fn fail(message: String) -> Error {
-    Error::Broker(format!("PostgreSQL: {message}"))
+    Error::Environment(format!("PostgreSQL: {message}"))
 }
 
 /// `program args`, as the `postgres` user when this process runs as root.
