@@ -58,6 +58,12 @@ mod wire;
 
 #[cfg(feature = "testing")]
 pub mod testing;
+/// Without the `testing` feature the engine's unit tests still run over the in-memory
+/// Kafka (`testing/kafka.rs`), without the driver around it.
+#[cfg(all(test, not(feature = "testing")))]
+mod testing {
+    pub(crate) mod kafka;
+}
 
 pub use async_trait::async_trait;
 pub use config::{DeliveryMode, EngineConfig, ErrorPolicy};

@@ -312,9 +312,9 @@ mod tests {
     use std::time::Duration;
 
     use crate::Error;
-    use crate::engine::fake::{FakeKafka, MemoryReplay};
     use crate::engine::seams::{Cancel, Restore};
     use crate::engine::stats::Stats;
+    use crate::testing::kafka::{FakeKafka, MemoryReplay};
     use crate::txlog::TxLog;
 
     /// The fault matrix (CI, 2026-12-01) lost a key's running sum: a replay ended with

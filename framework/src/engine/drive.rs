@@ -1,5 +1,5 @@
-//! The engine's loop over the in-memory log (`fake.rs`), for `onceflow::testing`: the
-//! same [`serve`](super::serve::serve), batches, recovery and changelog decoding as
+//! The engine's loop over the in-memory log (`testing/kafka.rs`), for `onceflow::testing`:
+//! the same [`serve`](super::serve::serve), batches, recovery and changelog decoding as
 //! against Kafka; only the clients are the fake's, and the replay reads its changelog.
 //!
 //! ```text
@@ -15,11 +15,11 @@ use std::sync::Arc;
 use crate::Error;
 use crate::config::EngineConfig;
 use crate::crash::CrashPlan;
-use crate::engine::fake::{FakeKafka, MemoryReplay};
 use crate::engine::recover::{Parts, Resync, first_producer};
 use crate::engine::stats::{Phase, Shutdown, Stats};
 use crate::engine::{DEFAULT_MESSAGE_MAX_BYTES, serve, startup};
 use crate::processor::Processor;
+use crate::testing::kafka::{FakeKafka, MemoryReplay};
 use crate::txlog::TxLog;
 
 /// One incarnation of the instance: what a crash or a restart loses.

@@ -1,5 +1,5 @@
-//! The batch's decisions, through the fake Kafka (`fake.rs`): the call order of each
-//! delivery mode, an error of each class at each call of a transaction, dedup, dead
+//! The batch's decisions, through the fake Kafka (`testing/kafka.rs`): the call order of
+//! each delivery mode, an error of each class at each call of a transaction, dedup, dead
 //! letters, size limits, the retry split and the transaction-duration bound. Milliseconds
 //! each; what needs a broker is in `tests/`.
 
@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::engine::batch::Batch;
-use crate::engine::fake::{Call, FakeKafka, Kind, injected as kafka_error};
 use crate::engine::recover::Resync;
 use crate::engine::stats::Stats;
 use crate::kafka::Record;
+use crate::testing::kafka::{Call, FakeKafka, Kind, injected as kafka_error};
 use crate::txlog::TxLog;
 use crate::{Context, Error, ErrorClass, Event, Processor, Result};
 

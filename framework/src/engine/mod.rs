@@ -58,23 +58,21 @@
 
 mod backoff;
 mod batch;
-mod changelog;
+pub(crate) mod changelog;
 mod commit;
 pub(crate) mod dead_letters;
 #[cfg(feature = "testing")]
 pub(crate) mod drive;
-#[cfg(any(test, feature = "testing"))]
-pub(crate) mod fake;
 #[cfg(test)]
 mod matrix;
 mod record;
-mod recover;
+pub(crate) mod recover;
 #[cfg(test)]
 mod recovery_matrix;
-mod seams;
-mod serve;
-mod startup;
-mod stats;
+pub(crate) mod seams;
+pub(crate) mod serve;
+pub(crate) mod startup;
+pub(crate) mod stats;
 mod timers;
 
 use std::collections::BTreeSet;
@@ -244,10 +242,10 @@ impl Engine {
             startup::tombstones_kept(options, &changelog)
         })
         .await?;
-        let resync = Resync {
-            config: &config,
-            stats: &self.stats,
-            restore: ChangelogReplay {
+        let resync = Resync::new(
+            &config,
+            &self.stats,
+            ChangelogReplay {
                 options,
                 changelog: &changelog,
                 txlog: &txlog,
@@ -257,15 +255,11 @@ impl Engine {
                 tombstones_kept,
                 in_doubt_wait: config.transaction_timeout,
             },
-            renew: NewProducer {
+            NewProducer {
                 options,
                 config: &config,
             },
-            held: std::sync::Mutex::default(),
-            fences: std::sync::Mutex::default(),
-            producer_fenced: std::sync::atomic::AtomicBool::default(),
-            floor: std::sync::Mutex::default(),
-        };
+        );
         let outcome = loop {
             let consumer = match subscribe() {
                 Ok(consumer) => consumer,

@@ -218,7 +218,7 @@ pub(super) fn producer_state_lost(error: &Error) -> bool {
 
 /// What re-synchronising with the group needs besides the clients: the changelog replay
 /// and a way to make the producer again.
-pub(super) struct Resync<'a, R, N> {
+pub(crate) struct Resync<'a, R, N> {
     pub(super) config: &'a EngineConfig,
     pub(super) stats: &'a Arc<Stats>,
     pub(super) restore: R,
@@ -235,6 +235,27 @@ pub(super) struct Resync<'a, R, N> {
     /// was processed and committed, and is never processed again; the first record past
     /// it makes the engine seek back to it once (see [`Resync::drop_committed`]).
     pub(super) floor: Mutex<std::collections::BTreeMap<i32, Floor>>,
+}
+
+impl<'a, R, N> Resync<'a, R, N> {
+    /// Recovery's surroundings with nothing held, fenced or caught up yet.
+    pub(crate) fn new(
+        config: &'a EngineConfig,
+        stats: &'a Arc<Stats>,
+        restore: R,
+        renew: N,
+    ) -> Self {
+        Resync {
+            config,
+            stats,
+            restore,
+            renew,
+            held: Mutex::default(),
+            fences: Mutex::default(),
+            producer_fenced: std::sync::atomic::AtomicBool::default(),
+            floor: Mutex::default(),
+        }
+    }
 }
 
 /// Where a partition must go on from after a catch-up, until a record of it is taken.

@@ -1,19 +1,20 @@
-//! Recovery's decisions through the fake Kafka (`fake.rs`), librdkafka's own transaction
-//! suite as the model (its `0105-transactions_mock`): after a failed batch, the abort, a
-//! failed abort (a new producer, unless a successor took the instance's place), a timed-out
-//! transaction, a fence with and without a successor in the group, reading the group's committed offsets and seeking (retried), a commit
-//! whose outcome is unknown, and rebalances served while the consumer is held.
+//! Recovery's decisions through the fake Kafka (`testing/kafka.rs`), librdkafka's own
+//! transaction suite as the model (its `0105-transactions_mock`): after a failed batch, the
+//! abort, a failed abort (a new producer, unless a successor took the instance's place), a
+//! timed-out transaction, a fence with and without a successor in the group, reading the
+//! group's committed offsets and seeking (retried), a commit whose outcome is unknown, and
+//! rebalances served while the consumer is held.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
-use crate::engine::fake::{Call, FAKE_SESSION_TIMEOUT, FakeKafka, Kind, injected as kafka};
 use crate::engine::recover::{Resync, recover};
 use crate::engine::seams::Source;
 use crate::engine::stats::Stats;
 use crate::kafka::{Holder, Polled, Rebalanced};
+use crate::testing::kafka::{Call, FAKE_SESSION_TIMEOUT, FakeKafka, Kind, injected as kafka};
 use crate::{Error, ErrorClass};
 
 struct Rig {

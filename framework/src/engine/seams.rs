@@ -1,14 +1,14 @@
-//! What a batch and its recovery need from Kafka, as small traits: the input
-//! ([`Source`]: its offsets, its group, its polls while held), the producer it writes and
-//! commits through ([`Sink`]), a new producer after one broke ([`Renew`]), and the
-//! changelog replay that brings a partition's transaction log up to the group's committed
-//! offset ([`Restore`]).
+//! What a batch and its recovery need from Kafka, as small traits: the input ([`Source`]:
+//! its offsets, its group, its polls while held), the producer it writes and commits
+//! through ([`Sink`]), a new producer after one broke ([`Renew`]), and the changelog replay
+//! that brings a partition's transaction log up to the group's committed offset
+//! ([`Restore`]).
 //!
 //! The engine's clients implement them here, by delegating to `kafka/`; the unit tests
-//! implement them with an in-process fake (`fake.rs`) that records every call and fails
-//! the one a test names, so each decision of a batch (call order per delivery mode, aborts,
-//! splits, dead letters) and of recovery (abort, new producer, catch-up, rewind, rebalances
-//! while held) is tested in milliseconds without a broker.
+//! implement them with an in-process Kafka (`testing/kafka.rs`) that records every call and
+//! fails the one a test names, so each decision of a batch (call order per delivery mode,
+//! aborts, splits, dead letters) and of recovery (abort, new producer, catch-up, rewind,
+//! rebalances while held) is tested in milliseconds without a broker.
 
 use std::future::Future;
 use std::sync::Arc;

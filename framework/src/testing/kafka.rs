@@ -18,8 +18,9 @@
 //! it: the consumer polls the input topic from its positions (committed records only, as
 //! `read_committed`), keyed records go where librdkafka's default partitioner puts them,
 //! and [`MemoryReplay`] replays the changelog the batches wrote into the transaction log.
-// The unit tests and the driver each use a part of it.
-#![allow(dead_code)]
+// The engine's unit tests use one part of it and the driver another: built with both
+// (the workspace's tests and lints are), nothing of it may go unused.
+#![cfg_attr(not(all(test, feature = "testing")), allow(dead_code))]
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -226,8 +227,6 @@ struct Inner {
     transaction_timeout: Option<Duration>,
     /// The time of records sent without one (the driver's clock), if set.
     clock: Option<crate::clock::Clock>,
-    /// The changelog's `delete.retention.ms` (none: Kafka's default).
-    tombstones_kept: Option<Duration>,
     /// Commits the coordinator accepted whose markers have not landed (see
     /// [`CommitFate`]).
     in_doubt: Vec<InDoubt>,
@@ -719,21 +718,12 @@ impl FakeKafka {
     }
 
     /// Recovery's surroundings, with this fake replaying and renewing.
-    pub(super) fn resync<'a>(
+    pub(crate) fn resync<'a>(
         &self,
         config: &'a EngineConfig,
         stats: &'a Arc<Stats>,
     ) -> Resync<'a, FakeKafka, FakeKafka> {
-        Resync {
-            config,
-            stats,
-            restore: self.clone(),
-            renew: self.clone(),
-            held: Mutex::default(),
-            fences: Mutex::default(),
-            producer_fenced: std::sync::atomic::AtomicBool::default(),
-            floor: Mutex::default(),
-        }
+        Resync::new(config, stats, self.clone(), self.clone())
     }
 
     /// The consumer polls `topic`, of `partitions` partitions, all assigned to it at the
@@ -842,16 +832,10 @@ impl FakeKafka {
         self.inner().clock = Some(clock);
     }
 
-    /// The changelog keeps a tombstone `kept` after compaction reached it.
-    pub(crate) fn keep_tombstones(&self, kept: Duration) {
-        self.inner().tombstones_kept = Some(kept);
-    }
-
-    /// See [`FakeKafka::keep_tombstones`].
+    /// How long the changelog keeps a tombstone after compaction reached it: Kafka's
+    /// default `delete.retention.ms`.
     pub(crate) fn tombstones_kept(&self) -> Duration {
-        self.inner()
-            .tombstones_kept
-            .unwrap_or(crate::engine::changelog::DEFAULT_TOMBSTONES_KEPT)
+        crate::engine::changelog::DEFAULT_TOMBSTONES_KEPT
     }
 
     /// Compacts `topic` as Kafka's log cleaner does, once it has run over every segment:
@@ -864,13 +848,7 @@ impl FakeKafka {
             .clock
             .as_ref()
             .map_or(i64::MAX, crate::clock::Clock::now_ms);
-        let kept = i64::try_from(
-            inner
-                .tombstones_kept
-                .unwrap_or(crate::engine::changelog::DEFAULT_TOMBSTONES_KEPT)
-                .as_millis(),
-        )
-        .unwrap_or(i64::MAX);
+        let kept = i64::try_from(self.tombstones_kept().as_millis()).unwrap_or(i64::MAX);
         let mut last: BTreeMap<(i32, Option<Vec<u8>>), i64> = BTreeMap::new();
         for record in inner.committed.iter().filter(|r| r.topic == topic) {
             last.insert((record.partition, record.key.clone()), record.offset);

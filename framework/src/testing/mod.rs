@@ -58,6 +58,8 @@
 //! (a transient failure's back-off, 100 ms after a failed batch) are real: run a test
 //! that has many under `#[tokio::test(start_paused = true)]` to skip them.
 
+pub(crate) mod kafka;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -69,11 +71,11 @@ use serde::de::DeserializeOwned;
 use crate::clock::Clock;
 use crate::crash::CrashPlan;
 use crate::engine::drive::{self, Instance, Outcome};
-use crate::engine::fake::CommitFate as Fate;
-use crate::engine::fake::{FakeKafka, Kind, Stored, injected};
 use crate::engine::{Stats, StatsSnapshot};
 use crate::event::{Codec, Event, Json};
 use crate::processor::Processor;
+use crate::testing::kafka::CommitFate as Fate;
+use crate::testing::kafka::{FakeKafka, Kind, Stored, injected};
 use crate::txlog::TxLog;
 use crate::{EngineConfig, Error, ErrorClass, Result};
 
