@@ -96,6 +96,7 @@ pub fn set_of<'a>(lists: impl IntoIterator<Item = &'a [String]>) -> BTreeSet<Str
 pub mod buckets;
 pub mod child;
 pub mod effects;
+pub mod harness;
 pub mod poison;
 pub mod sum;
 

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use onceflow::{DeliveryMode, Engine, EngineConfig, Error, StatsSnapshot};
-use onceflow_e2e::Operator;
+use onceflow_e2e::poison::{Behaviour, Order, Picky};
 use onceflow_e2e::sum::{self, Amount, Sum};
+use onceflow_e2e::{Operator, harness};
 use onceflow_testkit::{self as testkit, Isolation};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -439,6 +440,47 @@ async fn outputs_carry_the_headers_and_timestamp_the_processor_gives_them() -> T
             output.timestamp_ms,
             input.timestamp_ms.map(|t| t - 86_400_000)
         );
+    }
+    Ok(())
+}
+
+/// Items 4 and 8. A handler taking 150 ms per record with a 5 s transaction timeout and
+/// 1 s commit interval: before, a batch outlived the timeout, the coordinator aborted it
+/// and the instance stopped as "fenced" by an instance that did not exist. Now a batch
+/// commits what it has done at half the timeout. (The coordinator looks for timed-out
+/// transactions every 10 s by default, so the batch must take well over 5 s + 10 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_batch_commits_within_the_transaction_timeout() -> TestResult {
+    let s = harness::setup("holes-slow", 1).await?;
+    let orders: Vec<Order> = (0..150)
+        .map(|i| harness::order(i, Behaviour::Slow(150)))
+        .collect();
+    harness::produce_orders(&s, &orders).await?;
+    let mut config = s.config("a").batching(Duration::from_secs(1), 1_000);
+    config.transaction_timeout = Duration::from_secs(5);
+    let stats = harness::run_to_end(&s, config, Picky::new(&s.output)).await?;
+    let want: Vec<String> = (0..150).map(|i| format!("o-{i}")).collect();
+    assert_eq!(harness::output_ids(&s).await?, want);
+    assert_eq!(stats.aborts, 0);
+    Ok(())
+}
+
+/// Item 11. A changelog that is not compacted would delete dedup entries and state still
+/// in use: refused at start, with the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_that_is_not_compacted_is_refused() -> TestResult {
+    let s = harness::setup("holes-not-compacted", 1).await?;
+    let changelog = format!("{}-txlog", s.group);
+    s.kafka
+        .create_topic_with(&changelog, 1, &[("cleanup.policy", "delete")])
+        .await?;
+    let engine = Engine::new(s.config("a"))?;
+    match engine.run(Sum::new(&s.output)).await {
+        Err(Error::Config { key, accepted, .. }) => {
+            assert_eq!(key, "changelog_topic");
+            assert!(accepted.contains("cleanup.policy=compact"), "{accepted}");
+        }
+        other => panic!("expected the changelog to be refused, got {other:?}"),
     }
     Ok(())
 }
