@@ -63,16 +63,14 @@ mod commit;
 pub(crate) mod dead_letters;
 #[cfg(feature = "testing")]
 pub(crate) mod drive;
-#[cfg(test)]
-mod matrix;
 mod record;
 pub(crate) mod recover;
-#[cfg(test)]
-mod recovery_matrix;
 pub(crate) mod seams;
 pub(crate) mod serve;
 pub(crate) mod startup;
 pub(crate) mod stats;
+#[cfg(test)]
+mod tests;
 mod timers;
 
 use std::collections::BTreeSet;
