@@ -692,6 +692,250 @@ fn the_product_crate_has_no_test_only_dependency_and_no_unsafe() {
     assert!(files > 50, "only {files} files read");
 }
 
+/// Crates whose types must not show in the public API: a user would depend on their
+/// versions through onceflow's, and onceflow could not change client or store without
+/// breaking its users. sqlx is the outbox's on purpose: the outbox joins the user's own
+/// database transaction, which is the user's sqlx connection (re-exported, so the
+/// versions match).
+const FOREIGN: [&str; 5] = ["rdkafka", "redb", "testcontainers", "tempfile", "sqlx"];
+const FOREIGN_ALLOWED: [(&str, &str); 1] = [("outbox.rs", "sqlx")];
+
+/// The public items of one file that name a foreign crate's type: `pub` functions and
+/// methods (arguments and result), fields, variants, aliases, constants and re-exports,
+/// and trait impls whose trait takes a foreign type (`impl From<KafkaError> for Error`).
+/// `pub` means public here: the crate denies `unreachable_pub` in CI.
+fn foreign_in_public(text: &str) -> Vec<(String, String)> {
+    #[derive(Default)]
+    struct Finder {
+        /// Names brought in by `use`, and the crate each comes from.
+        imported: HashMap<String, String>,
+        found: Vec<(String, String)>,
+        item: String,
+    }
+    impl Finder {
+        fn crate_of(&self, path: &syn::Path) -> Option<String> {
+            let first = path.segments.first()?.ident.to_string();
+            if FOREIGN.contains(&first.as_str()) {
+                return Some(first);
+            }
+            self.imported
+                .get(&first)
+                .filter(|krate| FOREIGN.contains(&krate.as_str()))
+                .cloned()
+        }
+        fn check_type(&mut self, ty: &syn::Type) {
+            struct Types<'a>(&'a Finder, Vec<String>);
+            impl Visit<'_> for Types<'_> {
+                fn visit_path(&mut self, path: &syn::Path) {
+                    if let Some(krate) = self.0.crate_of(path) {
+                        self.1.push(krate);
+                    }
+                    syn::visit::visit_path(self, path);
+                }
+            }
+            let mut types = Types(self, Vec::new());
+            types.visit_type(ty);
+            let crates = types.1;
+            for krate in crates {
+                self.found.push((self.item.clone(), krate));
+            }
+        }
+        fn check_signature(&mut self, name: String, signature: &syn::Signature) {
+            self.item = name;
+            for input in &signature.inputs {
+                if let syn::FnArg::Typed(arg) = input {
+                    self.check_type(&arg.ty);
+                }
+            }
+            if let syn::ReturnType::Type(_, ty) = &signature.output {
+                self.check_type(ty);
+            }
+        }
+        fn check_fields(&mut self, name: String, fields: &syn::Fields, all: bool) {
+            self.item = name;
+            for field in fields {
+                if all || matches!(field.vis, syn::Visibility::Public(_)) {
+                    self.check_type(&field.ty);
+                }
+            }
+        }
+    }
+    fn imports(tree: &syn::UseTree, path: &mut Vec<String>, into: &mut HashMap<String, String>) {
+        let root = |path: &Vec<String>, last: &str| path.first().cloned().unwrap_or(last.into());
+        match tree {
+            syn::UseTree::Path(p) => {
+                path.push(p.ident.to_string());
+                imports(&p.tree, path, into);
+                path.pop();
+            }
+            syn::UseTree::Name(n) => {
+                into.insert(n.ident.to_string(), root(path, &n.ident.to_string()));
+            }
+            syn::UseTree::Rename(r) => {
+                into.insert(r.rename.to_string(), root(path, &r.ident.to_string()));
+            }
+            syn::UseTree::Group(g) => g.items.iter().for_each(|t| imports(t, path, into)),
+            syn::UseTree::Glob(_) => {}
+        }
+    }
+    fn public(vis: &syn::Visibility) -> bool {
+        matches!(vis, syn::Visibility::Public(_))
+    }
+    fn walk(finder: &mut Finder, items: &[syn::Item]) {
+        for item in items {
+            if let syn::Item::Use(u) = item {
+                imports(&u.tree, &mut Vec::new(), &mut finder.imported);
+            }
+        }
+        for item in items {
+            match item {
+                syn::Item::Fn(f) if public(&f.vis) && !test_only(&f.attrs) => {
+                    finder.check_signature(f.sig.ident.to_string(), &f.sig);
+                }
+                syn::Item::Struct(s) if public(&s.vis) && !test_only(&s.attrs) => {
+                    finder.check_fields(s.ident.to_string(), &s.fields, false);
+                }
+                syn::Item::Enum(e) if public(&e.vis) && !test_only(&e.attrs) => {
+                    for variant in &e.variants {
+                        let name = format!("{}::{}", e.ident, variant.ident);
+                        finder.check_fields(name, &variant.fields, true);
+                    }
+                }
+                syn::Item::Type(t) if public(&t.vis) => {
+                    finder.item = t.ident.to_string();
+                    finder.check_type(&t.ty);
+                }
+                syn::Item::Const(c) if public(&c.vis) => {
+                    finder.item = c.ident.to_string();
+                    finder.check_type(&c.ty);
+                }
+                syn::Item::Use(u) if public(&u.vis) => {
+                    let mut names = HashMap::new();
+                    imports(&u.tree, &mut Vec::new(), &mut names);
+                    for (name, krate) in names {
+                        if FOREIGN.contains(&krate.as_str()) {
+                            finder.found.push((format!("pub use {name}"), krate));
+                        }
+                    }
+                }
+                syn::Item::Impl(i) if !test_only(&i.attrs) => {
+                    let self_name = quote_type(&i.self_ty);
+                    if let Some((_, trait_path, _)) = &i.trait_ {
+                        finder.item = format!("impl {} for {self_name}", quote_path(trait_path));
+                        for segment in &trait_path.segments {
+                            if let syn::PathArguments::AngleBracketed(args) = &segment.arguments {
+                                for arg in &args.args {
+                                    if let syn::GenericArgument::Type(ty) = arg {
+                                        finder.check_type(ty);
+                                    }
+                                }
+                            }
+                        }
+                    } else {
+                        for impl_item in &i.items {
+                            if let syn::ImplItem::Fn(f) = impl_item
+                                && public(&f.vis)
+                                && !test_only(&f.attrs)
+                            {
+                                let name = format!("{self_name}::{}", f.sig.ident);
+                                finder.check_signature(name, &f.sig);
+                            }
+                        }
+                    }
+                }
+                syn::Item::Mod(m) if !test_only(&m.attrs) => {
+                    if let Some((_, items)) = &m.content {
+                        walk(finder, items);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    fn quote_path(path: &syn::Path) -> String {
+        let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        segments.join("::")
+    }
+    fn quote_type(ty: &syn::Type) -> String {
+        match ty {
+            syn::Type::Path(p) => quote_path(&p.path),
+            _ => "_".into(),
+        }
+    }
+    let file = syn::parse_file(text).expect("parses");
+    let mut finder = Finder::default();
+    walk(&mut finder, &file.items);
+    finder.found.sort();
+    finder.found.dedup();
+    finder.found
+}
+
+/// No foreign type in the public API: what users compile against is onceflow's own
+/// (errors carry `KafkaCode`, not librdkafka's code), so a new rdkafka or redb is not a
+/// breaking change for them. The outbox's sqlx is the one exception ([`FOREIGN`]).
+#[test]
+fn no_foreign_type_in_the_public_api() {
+    let root = source_dir();
+    let mut dirs = vec![root.clone()];
+    let mut found = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).expect("source directory") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let relative = path.strip_prefix(&root).expect("below src").to_path_buf();
+                let text = fs::read_to_string(&path).expect("source");
+                for (item, krate) in foreign_in_public(&text) {
+                    let file = relative.to_string_lossy().into_owned();
+                    if !FOREIGN_ALLOWED.contains(&(file.as_str(), krate.as_str())) {
+                        found.push(format!("{file}: {item} names {krate}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "foreign types in the public API:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The check finds what the issue found (`impl From<RDKafkaErrorCode> for Error`), a
+/// foreign type through an import, a re-export and a public field, and passes what is
+/// not public.
+#[test]
+fn the_public_api_check_finds_foreign_types_and_passes_private_ones() {
+    let found = foreign_in_public(
+        r#"
+        use rdkafka::error::RDKafkaErrorCode;
+        use redb::Database as Db;
+        pub use rdkafka::ClientConfig;
+        pub struct Store { pub db: Db, inner: rdkafka::TopicPartitionList }
+        impl From<RDKafkaErrorCode> for Error { fn from(_: RDKafkaErrorCode) -> Self { todo!() } }
+        pub(crate) fn private(_: RDKafkaErrorCode) {}
+        impl Store { pub fn open(&self) -> Option<&Db> { None } fn hidden(_: Db) {} }
+        pub fn fine(_: &str) -> crate::Error { todo!() }
+        #[cfg(test)]
+        mod tests { pub fn helper(_: rdkafka::ClientConfig) {} }
+        "#,
+    );
+    let found: Vec<String> = found
+        .into_iter()
+        .map(|(item, krate)| format!("{item}: {krate}"))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "Store: redb",
+            "Store::open: redb",
+            "impl From for Error: rdkafka",
+            "pub use ClientConfig: rdkafka",
+        ]
+    );
+}
+
 /// The check itself finds a circle through a detour and a re-export, and passes a tree
 /// without one; without this, a reader that sees no imports would pass any crate.
 #[test]
