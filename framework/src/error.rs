@@ -56,6 +56,17 @@ pub enum Error {
         /// The work, e.g. `replay the changelog of partition 3`.
         what: String,
     },
+    /// The processor's code uses onceflow in a way that cannot work: a timer scheduled by
+    /// a processor that does not use timers, an effect recorded with effects off. The same
+    /// code fails the same way on every record, so the instance stops with this (nothing
+    /// of the batch is committed) instead of dead-lettering every record.
+    #[error("{what} cannot work: {fix}")]
+    Usage {
+        /// What the code did.
+        what: String,
+        /// How to make it work.
+        fix: String,
+    },
     /// A setting is missing or has a value that is not accepted.
     #[error("invalid configuration `{key}` = `{value}`: {accepted}")]
     Config {
@@ -558,6 +569,7 @@ impl Error {
                 class: ErrorClass::Fatal,
                 ..
             } | Error::Config { .. }
+                | Error::Usage { .. }
                 | Error::State { .. }
                 | Error::Fenced { .. }
                 | Error::UndeclaredOutput { .. }

@@ -437,11 +437,10 @@ impl Context<'_> {
         payload: &V,
     ) -> Result<()> {
         let Some(topic) = self.effects_topic else {
-            return Err(Error::Config {
-                key: "effects_topic".into(),
-                value: "(effects off)".into(),
-                accepted: "an effects topic: EngineConfig::with_effects() (or effects_topic) \
-                           before a handler records an effect"
+            return Err(Error::Usage {
+                what: format!("recording effect `{kind}` with effects off"),
+                fix: "turn effects on with EngineConfig::with_effects() (or the effects_topic \
+                      setting)"
                     .into(),
             });
         };
@@ -568,11 +567,10 @@ impl Context<'_> {
         if self.timers {
             return Ok(());
         }
-        Err(Error::Config {
-            key: "timers".into(),
-            value: "(not used by this processor)".into(),
-            accepted: "a processor that implements `on_timer` and returns true from \
-                       `Processor::uses_timers` (`#[processor(timer = method)]` does both)"
+        Err(Error::Usage {
+            what: "a timer of a processor that does not use timers".into(),
+            fix: "implement `on_timer` and return true from `Processor::uses_timers` \
+                  (`#[processor(timer = method)]` does both)"
                 .into(),
         })
     }

@@ -872,6 +872,58 @@ mod tests {
         }
     }
 
+    /// Echoes each ping, but first misuses onceflow as `how` says.
+    #[derive(Debug, Clone)]
+    struct Misuse {
+        effect: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl Processor for Misuse {
+        type Input = Ping;
+
+        fn name(&self) -> &str {
+            "misuse"
+        }
+
+        fn output_topics(&self) -> &[&str] {
+            &["echoes"]
+        }
+
+        async fn process(&mut self, ping: Ping, ctx: &mut Context<'_>) -> Result<()> {
+            if self.effect {
+                ctx.effect("charge", &ping.id, &1)?;
+            } else {
+                ctx.schedule_after(&ping.id, Duration::from_secs(1))?;
+            }
+            ctx.emit("echoes", &ping.id, &ping.id)
+        }
+    }
+
+    /// A timer scheduled by a processor that does not use timers, or an effect recorded
+    /// with effects off, is the code's mistake, not the record's: the instance stops
+    /// with `Error::Usage` saying how to fix it, and no record is dead-lettered or
+    /// committed (before, it was reported as an invalid setting).
+    #[tokio::test(start_paused = true)]
+    async fn a_processor_that_misuses_timers_or_effects_stops_with_a_usage_error() {
+        for effect in [false, true] {
+            let mut driver = TestDriver::new(Misuse { effect });
+            driver.pipe(&Ping { id: "p0".into() }).expect("pipe");
+            let error = driver.process().await.expect_err("stops");
+            let text = error.to_string();
+            assert!(matches!(error, Error::Usage { .. }), "{text}");
+            assert!(error.is_fatal(), "{text}");
+            let fix = if effect {
+                "with_effects"
+            } else {
+                "uses_timers"
+            };
+            assert!(text.contains(fix), "{text}");
+            assert!(driver.dead_letters().is_empty(), "nothing dead-lettered");
+            assert!(driver.output("echoes").is_empty(), "nothing committed");
+        }
+    }
+
     /// Hole G of issue 40: the engine never sought after an assignment, and its floor
     /// caught a start below the committed offset, not one above it (librdkafka's
     /// pause/assign races can start a partition past it): the records between were
