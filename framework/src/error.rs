@@ -235,9 +235,17 @@ pub enum Error {
     /// group metadata).
     #[error("{0}")]
     Broker(String),
-    /// The outbox's database refused or failed a statement (feature `outbox`).
-    #[error("outbox: {0}")]
-    Outbox(String),
+    /// The outbox's database refused or failed a statement, or its relay found what it
+    /// cannot go on from (feature `outbox`). The database's own error is kept as the
+    /// cause ([`std::error::Error::source`]).
+    #[error("outbox: {what}{}", cause.as_ref().map(|c| format!(": {c}")).unwrap_or_default())]
+    Outbox {
+        /// What failed, e.g. `the database` or `progress record relay-progress@12`.
+        what: String,
+        /// The error it failed with, if any.
+        #[source]
+        cause: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// A blocking call's thread panicked or was cancelled.
     #[error("blocking call `{operation}` did not complete: {message}")]
     Blocking {

@@ -94,7 +94,10 @@ impl Message {
 
 /// A database error as onceflow's.
 pub fn db_error(error: sqlx::Error) -> Error {
-    Error::Outbox(error.to_string())
+    Error::Outbox {
+        what: "the database".into(),
+        cause: Some(Box::new(error)),
+    }
 }
 
 /// Creates the outbox table and its index when they do not exist.
@@ -418,9 +421,10 @@ impl Active {
                 .map_err(|(e, _)| kafka::kafka_error(format!("publish outbox row {id}"), e))?;
             deliveries.push(delivery);
             last = Position {
-                xid: xid
-                    .parse()
-                    .map_err(|e| Error::Outbox(format!("xid `{xid}`: {e}")))?,
+                xid: xid.parse().map_err(|e| Error::Outbox {
+                    what: format!("xid `{xid}`"),
+                    cause: Some(Box::new(e)),
+                })?,
                 id,
             };
             ids.push(id);
@@ -441,16 +445,20 @@ impl Active {
                 Ok(Err((e, _))) => return Err(self.abort(kafka::kafka_error("publish", e)).await),
                 Err(_) => {
                     return Err(self
-                        .abort(Error::Outbox("the producer went away".into()))
+                        .abort(Error::Outbox {
+                            what: "the producer went away".into(),
+                            cause: None,
+                        })
                         .await);
                 }
             }
         }
         // The group's offsets go with the transaction: a relay that lost its turn (its
         // generation is old) cannot commit.
-        let metadata = membership
-            .group_metadata()
-            .ok_or_else(|| Error::Outbox("the relay's group member has no metadata".into()))?;
+        let metadata = membership.group_metadata().ok_or_else(|| Error::Outbox {
+            what: "the relay's group member has no metadata".into(),
+            cause: None,
+        })?;
         let mut offsets = rdkafka::TopicPartitionList::new();
         offsets
             .add_partition_offset(progress, 0, rdkafka::Offset::Offset(0))
@@ -505,11 +513,38 @@ fn last_position(options: &ClientOptions, topic: &str) -> Result<Position> {
     let mut position = Position::default();
     kafka::read_partition_to_end(options, topic, 0, TIMEOUT, |record| {
         if let Some(value) = &record.value {
-            position = serde_json::from_slice(value).map_err(|e| {
-                Error::Outbox(format!("progress record {topic}@{}: {e}", record.offset))
+            position = serde_json::from_slice(value).map_err(|e| Error::Outbox {
+                what: format!("progress record {topic}@{}", record.offset),
+                cause: Some(Box::new(e)),
             })?;
         }
         Ok(())
     })?;
     Ok(position)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::db_error;
+
+    /// The database's error stays the cause, for a caller that wants to look at it
+    /// (a unique violation, say), and its text stays in the message, for the log.
+    #[test]
+    fn a_database_error_is_kept_as_the_cause() {
+        let error = db_error(sqlx::Error::RowNotFound);
+        let cause = error.source().expect("a cause");
+        assert!(
+            matches!(
+                cause.downcast_ref::<sqlx::Error>(),
+                Some(sqlx::Error::RowNotFound)
+            ),
+            "{cause:?}"
+        );
+        assert_eq!(
+            error.to_string(),
+            format!("outbox: the database: {}", sqlx::Error::RowNotFound)
+        );
+    }
 }
