@@ -760,22 +760,15 @@ fn foreign_in_public(text: &str) -> Vec<(String, String)> {
             }
         }
     }
-    fn imports(tree: &syn::UseTree, path: &mut Vec<String>, into: &mut HashMap<String, String>) {
-        let root = |path: &Vec<String>, last: &str| path.first().cloned().unwrap_or(last.into());
-        match tree {
-            syn::UseTree::Path(p) => {
-                path.push(p.ident.to_string());
-                imports(&p.tree, path, into);
-                path.pop();
+    /// The names `tree` brings in, and the crate each comes from (the module graph's
+    /// own [`flatten`]).
+    fn imports(tree: &syn::UseTree, into: &mut HashMap<String, String>) {
+        let mut paths = Vec::new();
+        flatten(tree, &mut Vec::new(), &mut paths);
+        for (path, name, glob) in paths {
+            if let (false, Some(first)) = (glob, path.first()) {
+                into.insert(name, first.clone());
             }
-            syn::UseTree::Name(n) => {
-                into.insert(n.ident.to_string(), root(path, &n.ident.to_string()));
-            }
-            syn::UseTree::Rename(r) => {
-                into.insert(r.rename.to_string(), root(path, &r.ident.to_string()));
-            }
-            syn::UseTree::Group(g) => g.items.iter().for_each(|t| imports(t, path, into)),
-            syn::UseTree::Glob(_) => {}
         }
     }
     fn public(vis: &syn::Visibility) -> bool {
@@ -784,7 +777,7 @@ fn foreign_in_public(text: &str) -> Vec<(String, String)> {
     fn walk(finder: &mut Finder, items: &[syn::Item]) {
         for item in items {
             if let syn::Item::Use(u) = item {
-                imports(&u.tree, &mut Vec::new(), &mut finder.imported);
+                imports(&u.tree, &mut finder.imported);
             }
         }
         for item in items {
@@ -811,7 +804,7 @@ fn foreign_in_public(text: &str) -> Vec<(String, String)> {
                 }
                 syn::Item::Use(u) if public(&u.vis) => {
                     let mut names = HashMap::new();
-                    imports(&u.tree, &mut Vec::new(), &mut names);
+                    imports(&u.tree, &mut names);
                     for (name, krate) in names {
                         if FOREIGN.contains(&krate.as_str()) {
                             finder.found.push((format!("pub use {name}"), krate));
