@@ -196,16 +196,28 @@ impl Cluster {
         let started = Instant::now();
         let replication = self.nodes.len().min(3).to_string();
         let mut last = String::new();
-        // Nodes the last attempt found missing from a listing: their logs say why.
+        // Nodes the last attempt found missing from a listing, or that did not answer at
+        // all: their logs say why.
         let mut missing: Vec<i32> = Vec::new();
         while started.elapsed() < timeout {
+            missing.clear();
             let attempt = async {
                 for node in &self.nodes {
                     let options = ClientOptions::new(format!("127.0.0.1:{}", node.port));
-                    let listed: Vec<i32> = client::with_metadata(&options, None, |m| {
+                    let listed: Vec<i32> = match client::with_metadata(&options, None, |m| {
                         m.brokers().iter().map(|b| b.id()).collect()
                     })
-                    .await?;
+                    .await
+                    {
+                        Ok(listed) => listed,
+                        Err(error) => {
+                            missing = vec![node.id];
+                            return Err(Error::Environment(format!(
+                                "node {} does not answer: {error}",
+                                node.id
+                            )));
+                        }
+                    };
                     if listed.len() < self.nodes.len() {
                         missing = self
                             .node_ids()
@@ -250,16 +262,19 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        // What the nodes the others do not list were doing (a restart still recovering
-        // its logs, a registration the controller refused): the next time this happens
-        // on a loaded machine, the failure says why.
+        // What the nodes that do not answer, or that the others do not list, were doing
+        // (a restart still recovering its logs, a registration the controller refused, a
+        // JVM starved of CPU): the next time this happens on a loaded machine, the failure
+        // says why.
         let mut logs = String::new();
         for id in missing {
             logs.push_str(&format!(
-                "\n--- node {id}'s log (last 40 lines) ---\n{}",
+                "\n--- node {id} ({}): its log, last 40 lines ---\n{}",
+                self.container_state(id).await,
                 self.log_tail(id, 40).await
             ));
         }
+        logs.push_str(&format!("\n(load average: {})", load_average()));
         Err(Error::Environment(format!(
             "the cluster did not become healthy within {timeout:?}: {last}{logs}"
         )))
@@ -495,6 +510,31 @@ impl Cluster {
         Ok((pid, address))
     }
 
+    /// What Docker says of node `id`'s container: its status and when it last started.
+    async fn container_state(&self, id: i32) -> String {
+        let container = match self.container(id) {
+            Ok(container) => container,
+            Err(error) => return format!("no state: {error}"),
+        };
+        let inspected = docker("inspect", move |docker| async move {
+            docker
+                .inspect_container(&container, None::<InspectContainerOptions>)
+                .await
+        })
+        .await;
+        match inspected.map(|i| i.state) {
+            Ok(Some(state)) => format!(
+                "{}, started at {}",
+                state
+                    .status
+                    .map_or_else(|| "status unknown".to_owned(), |s| s.to_string()),
+                state.started_at.unwrap_or_default()
+            ),
+            Ok(None) => "no state".to_owned(),
+            Err(error) => format!("no state: {error}"),
+        }
+    }
+
     fn container(&self, id: i32) -> Result<String> {
         self.nodes
             .iter()
@@ -568,6 +608,14 @@ fn coordinator_partition(id: &str) -> i32 {
     });
     let abs = if hash == i32::MIN { 0 } else { hash.abs() };
     abs % COORDINATOR_PARTITIONS
+}
+
+/// The machine's one-minute load average, as `/proc/loadavg` gives it.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 #[cfg(test)]
