@@ -92,11 +92,9 @@ impl DeadLetterReplay {
             input: self.plan.dead_letter_topic.clone(),
             writes: self.plan.target.iter().cloned().collect(),
         };
-        let (replayed, passed_over) = crate::blocking::blocking("replay dead letters", move || {
-            kafka::replay_dead_letters(&self.options, &self.plan)
-        })
-        .await
-        .map_err(|error| kafka::explain(error, &options, &names))?;
+        let (replayed, passed_over) = kafka::replay_dead_letters(&self.options, &self.plan)
+            .await
+            .map_err(|error| kafka::explain(error, &options, &names))?;
         Ok(ReplaySummary {
             replayed,
             passed_over,

@@ -45,14 +45,10 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdkafka::Message as _;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, Headers, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Serialize;
 
 use crate::effects::Bounds;
-use crate::kafka::{self, ClientOptions};
+use crate::kafka::{self, ClientOptions, GroupMember, Linger, Producer, Start};
 use crate::{Error, Result};
 
 /// Header of a published message: its event ID, `half:<id>` (the engine's default
@@ -188,21 +184,27 @@ async fn prepare(config: &HalfConfig) -> Result<ClientOptions> {
 
 /// Publishes a half (with its removal) in one Kafka transaction, or removes it.
 struct Resolver {
-    plain: FutureProducer,
-    transactional: tokio::sync::Mutex<FutureProducer>,
+    plain: Producer,
+    transactional: tokio::sync::Mutex<Publisher>,
     half_topic: String,
 }
 
+/// The transactional producer that publishes halves, and whether it must be replaced
+/// before its next transaction.
+struct Publisher {
+    producer: Producer,
+    /// A publication failed on it: a request of that transaction (its commit, say) may
+    /// still land later, so the next one starts on a new producer, which fences it.
+    spent: bool,
+}
+
+/// How long a half's publication may stay open: the broker aborts it after that, so a
+/// publisher that died mid-way holds `read_committed` readers back no longer.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Resolver {
     async fn new(options: &ClientOptions, config: &HalfConfig, role: &str) -> Result<Resolver> {
-        let plain: FutureProducer = options
-            .config(&[
-                ("enable.idempotence", "true"),
-                ("acks", "all"),
-                ("linger.ms", "0"),
-            ])
-            .create()
-            .map_err(|e| kafka::kafka_error("create the half producer", e))?;
+        let plain = Producer::idempotent(options, Linger::Not)?;
         // Its own transactional ID per process: its transactions are short, and a copy
         // published twice (a sender and a check-back racing) is a duplicate by event ID.
         let nanos = SystemTime::now()
@@ -213,119 +215,104 @@ impl Resolver {
             config.name,
             std::process::id()
         );
-        let transactional: FutureProducer = options
-            .config_with_defaults(
-                kafka::TRANSACTIONAL_DEFAULTS,
-                &[
-                    ("transactional.id", transactional_id.as_str()),
-                    ("transaction.timeout.ms", "10000"),
-                ],
-            )
-            .create()
-            .map_err(|e| kafka::kafka_error("create the half publisher", e))?;
-        let init = transactional.clone();
-        crate::blocking::blocking("init_transactions", move || {
-            init.init_transactions(TIMEOUT)
-                .map_err(|e| kafka::kafka_error("init_transactions", e))
-        })
-        .await?;
+        let producer =
+            Producer::transactional(options, &transactional_id, PUBLISH_TIMEOUT, Linger::Not)
+                .await?;
         Ok(Resolver {
             plain,
-            transactional: tokio::sync::Mutex::new(transactional),
+            transactional: tokio::sync::Mutex::new(Publisher {
+                producer,
+                spent: false,
+            }),
             half_topic: config.half_topic(),
         })
     }
 
     /// Writes the half, acknowledged by every in-sync replica; returns its partition.
     async fn write(&self, half: &HalfMessage) -> Result<i32> {
-        let mut headers = OwnedHeaders::new().insert(Header {
-            key: TOPIC_HEADER,
-            value: Some(half.topic.as_bytes()),
-        });
+        let mut headers: Vec<(&str, Option<&[u8]>)> =
+            vec![(TOPIC_HEADER, Some(half.topic.as_bytes()))];
         if let Some(key) = &half.key {
-            headers = headers.insert(Header {
-                key: KEY_HEADER,
-                value: Some(key.as_slice()),
-            });
+            headers.push((KEY_HEADER, Some(key.as_slice())));
         }
-        let record = FutureRecord::to(&self.half_topic)
-            .key(half.id.as_str())
-            .payload(half.payload.as_slice())
-            .headers(headers);
-        let delivered =
-            self.plain.send(record, TIMEOUT).await.map_err(|(e, _)| {
-                kafka::kafka_error(format!("write half message {}", half.id), e)
-            })?;
-        Ok(delivered.partition)
+        self.send(
+            &self.half_topic,
+            None,
+            &half.id,
+            Some(&half.payload),
+            &headers,
+        )
+        .await
+    }
+
+    /// Sends a record keyed `id` outside any transaction and waits until every in-sync
+    /// replica has it; returns its partition.
+    async fn send(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        id: &str,
+        value: Option<&[u8]>,
+        headers: &[(&str, Option<&[u8]>)],
+    ) -> Result<i32> {
+        let sent = self
+            .plain
+            .send_with_headers(topic, partition, Some(id.as_bytes()), value, headers, None)
+            .await?;
+        Ok(sent.landed().await?.0)
     }
 
     /// Removes the half at `partition` unpublished.
     async fn remove(&self, id: &str, partition: i32) -> Result<()> {
-        let record = FutureRecord::<str, [u8]>::to(&self.half_topic)
-            .key(id)
-            .partition(partition);
-        self.plain
-            .send(record, TIMEOUT)
+        self.send(&self.half_topic, Some(partition), id, None, &[])
             .await
-            .map_err(|(e, _)| kafka::kafka_error(format!("remove half message {id}"), e))?;
-        Ok(())
+            .map(|_| ())
     }
 
     /// Publishes the message and removes the half at `partition`, in one transaction.
     async fn publish(&self, half: &HalfMessage, partition: i32) -> Result<()> {
-        let producer = self.transactional.lock().await;
-        let begin = producer.clone();
-        crate::blocking::blocking("begin_transaction", move || {
-            begin
-                .begin_transaction()
-                .map_err(|e| kafka::kafka_error("begin_transaction", e))
-        })
-        .await?;
-        let event_id = format!("half:{}", half.id);
-        let headers = OwnedHeaders::new().insert(Header {
-            key: EVENT_ID_HEADER,
-            value: Some(event_id.as_bytes()),
-        });
-        let mut record = FutureRecord::<[u8], [u8]>::to(&half.topic)
-            .payload(half.payload.as_slice())
-            .headers(headers);
-        if let Some(key) = &half.key {
-            record = record.key(key.as_slice());
+        let mut publisher = self.transactional.lock().await;
+        if publisher.spent {
+            publisher.producer = publisher.producer.replaced().await?;
+            publisher.spent = false;
         }
-        let sent = async {
+        let producer = &publisher.producer;
+        let event_id = format!("half:{}", half.id);
+        let published = async {
+            producer.begin()?;
             let published = producer
-                .send_result(record)
-                .map_err(|(e, _)| kafka::kafka_error(format!("publish {}", half.id), e))?;
-            let removal = FutureRecord::<str, [u8]>::to(&self.half_topic)
-                .key(half.id.as_str())
-                .partition(partition);
+                .send_with_headers(
+                    &half.topic,
+                    None,
+                    half.key.as_deref(),
+                    Some(half.payload.as_slice()),
+                    &[(EVENT_ID_HEADER, Some(event_id.as_bytes()))],
+                    None,
+                )
+                .await?;
             let removed = producer
-                .send_result(removal)
-                .map_err(|(e, _)| kafka::kafka_error(format!("remove half {}", half.id), e))?;
-            for delivery in [published, removed] {
-                match delivery.await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err((e, _))) => return Err(kafka::kafka_error("publish a half", e)),
-                    Err(_) => return Err(Error::Broker("the half publisher went away".into())),
-                }
-            }
-            Ok(())
+                .send_with_headers(
+                    &self.half_topic,
+                    Some(partition),
+                    Some(half.id.as_bytes()),
+                    None,
+                    &[],
+                    None,
+                )
+                .await?;
+            published.landed().await?;
+            removed.landed().await?;
+            producer.commit().await
         }
         .await;
-        let finish = producer.clone();
-        crate::blocking::blocking("end the half's transaction", move || {
-            if sent.is_ok() {
-                finish
-                    .commit_transaction(TIMEOUT)
-                    .map_err(|e| kafka::kafka_error("commit_transaction", e))
-            } else {
-                finish
-                    .abort_transaction(TIMEOUT)
-                    .map_err(|e| kafka::kafka_error("abort_transaction", e))
-                    .and(sent)
+        if let Err(error) = published {
+            if let Err(abort) = producer.abort().await {
+                tracing::debug!(%abort, "aborting a half's publication");
             }
-        })
-        .await
+            publisher.spent = true;
+            return Err(error);
+        }
+        Ok(())
     }
 }
 
@@ -419,42 +406,24 @@ pub async fn check_back<C: CheckBack>(
     let group = format!("onceflow-half-{}-checker", config.name);
     // No offsets are committed: each assignment reads its partitions from the start
     // (compacted: what is left is what is unresolved).
-    let consumer: BaseConsumer = options
-        .config(&[
-            ("group.id", group.as_str()),
-            ("enable.auto.commit", "false"),
-            ("auto.offset.reset", "earliest"),
-            ("isolation.level", "read_committed"),
-        ])
-        .create()
-        .map_err(|e| kafka::kafka_error("create the half checker", e))?;
-    consumer
-        .subscribe(&[half_topic.as_str()])
-        .map_err(|e| kafka::kafka_error("subscribe the half checker", e))?;
+    let member = GroupMember::join(&options, &group, &half_topic, Start::Earliest, None)?;
     let mut held: BTreeMap<String, Held> = BTreeMap::new();
     let mut stats = CheckStats::default();
     let mut stop = std::pin::pin!(stop);
     let mut last_check = Instant::now();
     loop {
         // Take in what arrived: halves, and their removals.
-        while let Some(polled) = consumer.poll(Duration::ZERO) {
-            let Ok(message) = polled else { continue };
-            let id = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
-            match message.payload() {
+        while let Some(polled) = member.poll() {
+            let Ok(record) = polled else { continue };
+            let id = record.key_str();
+            match &record.value {
                 None => {
                     held.remove(&id);
                 }
                 Some(payload) => {
-                    let header = |name: &str| {
-                        message.headers().and_then(|headers| {
-                            headers
-                                .iter()
-                                .find(|h| h.key == name)
-                                .and_then(|h| h.value.map(<[u8]>::to_vec))
-                        })
-                    };
-                    let topic = header(TOPIC_HEADER)
-                        .map(|t| String::from_utf8_lossy(&t).into_owned())
+                    let topic = record
+                        .header(TOPIC_HEADER)
+                        .map(|t| String::from_utf8_lossy(t).into_owned())
                         .unwrap_or_default();
                     held.insert(
                         id.clone(),
@@ -462,11 +431,11 @@ pub async fn check_back<C: CheckBack>(
                             half: HalfMessage {
                                 id,
                                 topic,
-                                key: header(KEY_HEADER),
-                                payload: payload.to_vec(),
+                                key: record.header(KEY_HEADER).map(<[u8]>::to_vec),
+                                payload: payload.clone(),
                             },
-                            partition: message.partition(),
-                            written_ms: message.timestamp().to_millis().unwrap_or(0),
+                            partition: record.partition,
+                            written_ms: record.timestamp_ms.unwrap_or(0),
                             tries: 0,
                             first_check: None,
                         },
@@ -475,12 +444,7 @@ pub async fn check_back<C: CheckBack>(
             }
         }
         // Forget what moved to another checker.
-        if let Ok(assignment) = consumer.assignment() {
-            let mine: Vec<i32> = assignment
-                .elements()
-                .iter()
-                .map(|e| e.partition())
-                .collect();
+        if let Ok(mine) = member.assigned() {
             held.retain(|_, h| mine.contains(&h.partition));
         }
         if last_check.elapsed() >= Duration::from_secs(1) {
@@ -561,28 +525,60 @@ async fn dead_letter(
 ) -> Result<()> {
     let reason = format!("unresolved after {tries} check-backs: {why}");
     let tries = tries.to_string();
-    let headers = OwnedHeaders::new()
-        .insert(Header {
-            key: TOPIC_HEADER,
-            value: Some(half.topic.as_bytes()),
-        })
-        .insert(Header {
-            key: crate::wire::DLQ_ERROR_MESSAGE,
-            value: Some(reason.as_bytes()),
-        })
-        .insert(Header {
-            key: crate::wire::DLQ_ATTEMPTS,
-            value: Some(tries.as_bytes()),
-        });
+    let headers: [(&str, Option<&[u8]>); 3] = [
+        (TOPIC_HEADER, Some(half.topic.as_bytes())),
+        (crate::wire::DLQ_ERROR_MESSAGE, Some(reason.as_bytes())),
+        (crate::wire::DLQ_ATTEMPTS, Some(tries.as_bytes())),
+    ];
     let topic = config.dead_letter_topic();
-    let record = FutureRecord::to(&topic)
-        .key(half.id.as_str())
-        .payload(half.payload.as_slice())
-        .headers(headers);
     resolver
-        .plain
-        .send(record, TIMEOUT)
-        .await
-        .map_err(|(e, _)| kafka::kafka_error("dead-letter a half message", e))?;
+        .send(&topic, None, &half.id, Some(&half.payload), &headers)
+        .await?;
     resolver.remove(&half.id, partition).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::DefaultProducerContext;
+
+    use super::{HalfConfig, HalfMessage, Resolver};
+    use crate::kafka::ClientOptions;
+
+    /// librdkafka's mock cluster drives the error (no exactly-once claim). A publication
+    /// that failed (here its removal went to a partition that does not exist) may have
+    /// left a request in flight that lands later: the next publication starts on a new
+    /// producer, whose initialisation fences the old one, and publishes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_publication_replaces_the_publisher_before_the_next() {
+        let mock: MockCluster<'_, DefaultProducerContext> =
+            MockCluster::new(1).expect("mock cluster");
+        let config = HalfConfig::new(mock.bootstrap_servers(), "shop");
+        mock.create_topic(&config.half_topic(), 1, 1)
+            .expect("topic");
+        mock.create_topic("orders", 1, 1).expect("topic");
+        let options = ClientOptions::with_properties(mock.bootstrap_servers(), &[]);
+        let resolver = Resolver::new(&options, &config, "test")
+            .await
+            .expect("resolver");
+        let half = HalfMessage::json("o-1", "orders", "o-1", &1).expect("message");
+        let partition = resolver.write(&half).await.expect("written");
+        let first = resolver.transactional.lock().await.producer.instance();
+
+        let failed = tokio::time::timeout(
+            Duration::from_secs(30),
+            resolver.publish(&half, partition + 7),
+        )
+        .await
+        .expect("within the transaction timeout");
+        assert!(failed.is_err(), "partition {} of 1", partition + 7);
+        assert!(resolver.transactional.lock().await.spent);
+
+        resolver.publish(&half, partition).await.expect("published");
+        let publisher = resolver.transactional.lock().await;
+        assert!(!publisher.spent);
+        assert_ne!(publisher.producer.instance(), first, "a new producer");
+    }
 }

@@ -44,14 +44,12 @@
 
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::{Deserialize, Serialize};
 
 pub use sqlx;
 use sqlx::{PgConnection, PgPool, Row};
 
-use crate::kafka::{self, ClientOptions};
+use crate::kafka::{self, ClientOptions, GroupMember, Linger, Producer, Start};
 use crate::{Error, Result};
 
 /// The header carrying each message's event ID (the engine's default event-ID header).
@@ -223,31 +221,24 @@ pub async fn relay(
     )
     .await?;
     let group = format!("onceflow-outbox-{}", config.name);
-    let membership: BaseConsumer = options
-        .config(&[
-            ("group.id", group.as_str()),
-            ("enable.auto.commit", "false"),
-            ("isolation.level", "read_committed"),
-            ("session.timeout.ms", "6000"),
-        ])
-        .create()
-        .map_err(|e| kafka::kafka_error("create the relay's group member", e))?;
-    membership
-        .subscribe(&[progress.as_str()])
-        .map_err(|e| kafka::kafka_error("subscribe the relay", e))?;
+    // Left at the end of the progress topic: the member is there for its membership.
+    let membership = GroupMember::join(
+        &options,
+        &group,
+        &progress,
+        Start::Latest,
+        Some(Duration::from_secs(6)),
+    )?;
     let mut stats = RelayStats::default();
     let mut active: Option<Active> = None;
     let mut stop = std::pin::pin!(stop);
     let mut failures = 0u32;
     loop {
         // Membership: polled on every turn, so the group sees the relay alive.
-        if let Some(Err(error)) = membership.poll(Duration::ZERO) {
+        if let Some(Err(error)) = membership.poll() {
             tracing::debug!(%error, "relay's group member");
         }
-        let owns = membership
-            .assignment()
-            .map(|list| list.count() > 0)
-            .unwrap_or(false);
+        let owns = membership.owns_partitions();
         if !owns {
             if active.take().is_some() {
                 tracing::warn!(relay = %config.name, "no longer the active relay");
@@ -317,7 +308,7 @@ fn backoff(failures: u32) -> Duration {
 
 /// The active relay: its transactional producer and its position.
 struct Active {
-    producer: FutureProducer,
+    producer: Producer,
     position: Position,
 }
 
@@ -325,24 +316,12 @@ impl Active {
     /// A transactional producer (fencing a predecessor) and the last committed position.
     async fn start(options: &ClientOptions, config: &RelayConfig, progress: &str) -> Result<Self> {
         let transactional_id = format!("onceflow-outbox-{}", config.name);
-        let timeout_ms = config.transaction_timeout.as_millis().to_string();
-        let producer: FutureProducer = options
-            .config_with_defaults(
-                kafka::TRANSACTIONAL_DEFAULTS,
-                &[
-                    ("transactional.id", transactional_id.as_str()),
-                    ("transaction.timeout.ms", timeout_ms.as_str()),
-                    ("enable.idempotence", "true"),
-                    ("acks", "all"),
-                ],
-            )
-            .create()
-            .map_err(|e| kafka::kafka_error("create the relay's producer", e))?;
-        let init = producer.clone();
-        crate::blocking::blocking("init_transactions", move || {
-            init.init_transactions(TIMEOUT)
-                .map_err(|e| kafka::kafka_error("init_transactions", e))
-        })
+        let producer = Producer::transactional(
+            options,
+            &transactional_id,
+            config.transaction_timeout,
+            Linger::Batches,
+        )
         .await?;
         let (options, topic) = (options.clone(), progress.to_owned());
         let position = crate::blocking::blocking("read the relay's position", move || {
@@ -359,7 +338,7 @@ impl Active {
         pool: &PgPool,
         config: &RelayConfig,
         progress: &str,
-        membership: &BaseConsumer,
+        membership: &GroupMember,
     ) -> Result<u64> {
         let rows = sqlx::query(
             // `xid_text`, not `xid`: ORDER BY takes an output column's name first, and
@@ -378,13 +357,7 @@ impl Active {
         if rows.is_empty() {
             return Ok(0);
         }
-        let producer = self.producer.clone();
-        crate::blocking::blocking("begin_transaction", move || {
-            producer
-                .begin_transaction()
-                .map_err(|e| kafka::kafka_error("begin_transaction", e))
-        })
-        .await?;
+        self.producer.begin()?;
         let mut last = self.position;
         let mut ids = Vec::with_capacity(rows.len());
         let mut deliveries = Vec::with_capacity(rows.len() + 1);
@@ -398,28 +371,28 @@ impl Active {
             let headers: Vec<(String, String)> =
                 serde_json::from_value(headers).unwrap_or_default();
             let event_id = format!("outbox:{id}");
-            let mut owned =
-                rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
-                    key: EVENT_ID_HEADER,
-                    value: Some(event_id.as_bytes()),
-                });
-            for (name, value) in &headers {
-                owned = owned.insert(rdkafka::message::Header {
-                    key: name,
-                    value: Some(value.as_bytes()),
-                });
-            }
-            let mut record = FutureRecord::<[u8], [u8]>::to(&topic)
-                .payload(payload.as_slice())
-                .headers(owned);
-            if let Some(key) = key.as_deref() {
-                record = record.key(key);
-            }
-            let delivery = self
+            let mut owned: Vec<(&str, Option<&[u8]>)> = Vec::with_capacity(headers.len() + 1);
+            owned.push((EVENT_ID_HEADER, Some(event_id.as_bytes())));
+            owned.extend(
+                headers
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), Some(value.as_bytes()))),
+            );
+            let sent = self
                 .producer
-                .send_result(record)
-                .map_err(|(e, _)| kafka::kafka_error(format!("publish outbox row {id}"), e))?;
-            deliveries.push(delivery);
+                .send_with_headers(
+                    &topic,
+                    None,
+                    key.as_deref(),
+                    Some(payload.as_slice()),
+                    &owned,
+                    None,
+                )
+                .await;
+            match sent {
+                Ok(delivery) => deliveries.push(delivery),
+                Err(error) => return Err(self.abort(error).await),
+            }
             last = Position {
                 xid: xid.parse().map_err(|e| Error::Outbox {
                     what: format!("xid `{xid}`"),
@@ -430,49 +403,36 @@ impl Active {
             ids.push(id);
         }
         let value = serde_json::to_vec(&last).expect("a position encodes");
-        let record = FutureRecord::<str, [u8]>::to(progress)
-            .partition(0)
-            .key("position")
-            .payload(value.as_slice());
-        deliveries.push(
-            self.producer
-                .send_result(record)
-                .map_err(|(e, _)| kafka::kafka_error("write the relay's position", e))?,
-        );
+        let sent = self
+            .producer
+            .send_with_headers(
+                progress,
+                Some(0),
+                Some(b"position"),
+                Some(value.as_slice()),
+                &[],
+                None,
+            )
+            .await;
+        match sent {
+            Ok(delivery) => deliveries.push(delivery),
+            Err(error) => return Err(self.abort(error).await),
+        }
         for delivery in deliveries {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(self.abort(kafka::kafka_error("publish", e)).await),
-                Err(_) => {
-                    return Err(self
-                        .abort(Error::Outbox {
-                            what: "the producer went away".into(),
-                            cause: None,
-                        })
-                        .await);
-                }
+            if let Err(error) = delivery.landed().await {
+                return Err(self.abort(error).await);
             }
         }
         // The group's offsets go with the transaction: a relay that lost its turn (its
         // generation is old) cannot commit.
-        let metadata = membership.group_metadata().ok_or_else(|| Error::Outbox {
-            what: "the relay's group member has no metadata".into(),
-            cause: None,
-        })?;
-        let mut offsets = rdkafka::TopicPartitionList::new();
-        offsets
-            .add_partition_offset(progress, 0, rdkafka::Offset::Offset(0))
-            .map_err(|e| kafka::kafka_error("the relay's offsets", e))?;
-        let producer = self.producer.clone();
-        let committed = crate::blocking::blocking("commit the relay's transaction", move || {
-            producer
-                .send_offsets_to_transaction(&offsets, &metadata, TIMEOUT)
-                .map_err(|e| kafka::kafka_error("send_offsets_to_transaction", e))?;
+        let committed = async {
+            let metadata = membership.group_metadata()?;
+            self.producer
+                .send_offsets_of(metadata, progress, vec![(0, 0)])
+                .await?;
             crate::crash::crash_point!("onceflow-outbox-before-commit");
-            producer
-                .commit_transaction(TIMEOUT)
-                .map_err(|e| kafka::kafka_error("commit_transaction", e))
-        })
+            self.producer.commit().await
+        }
         .await;
         if let Err(error) = committed {
             return Err(self.abort(error).await);
@@ -490,16 +450,10 @@ impl Active {
         Ok(ids.len() as u64)
     }
 
-    /// Aborts the open transaction (best effort) and returns `error`.
+    /// Aborts the open transaction (best effort) and returns `error`. The relay then
+    /// starts again on a new producer (see [`relay`]).
     async fn abort(&self, error: Error) -> Error {
-        let producer = self.producer.clone();
-        let aborted = crate::blocking::blocking("abort_transaction", move || {
-            producer
-                .abort_transaction(TIMEOUT)
-                .map_err(|e| kafka::kafka_error("abort_transaction", e))
-        })
-        .await;
-        if let Err(abort) = aborted {
+        if let Err(abort) = self.producer.abort().await {
             tracing::warn!(%abort, "aborting the relay's transaction");
         }
         error

@@ -59,7 +59,7 @@ pub(crate) const DEAD_LETTER_HEADERS: &[&str] = &[
     REPLAYED_FROM,
 ];
 
-/// The key of the record the fence probe (`OutputProducer::probe_fenced`) sends to a
+/// The key of the record the fence probe (`Producer::probe_fenced`) sends to a
 /// topic onceflow owns, in a transaction it then aborts.
 pub(crate) const FENCE_PROBE_KEY: &[u8] = b"onceflow-fence-probe";
 

@@ -404,7 +404,7 @@ struct PendingMarkers {
     known: BTreeMap<i32, BTreeSet<String>>,
     /// Partitions to read again before their next intent.
     stale: BTreeSet<i32>,
-    producer: Option<rdkafka::producer::FutureProducer>,
+    producer: Option<kafka::Producer>,
     /// How long a read may wait for an open transaction on the topic.
     wait: Duration,
 }
@@ -438,29 +438,32 @@ impl PendingMarkers {
 
     /// Marks `key` pending, acknowledged by every in-sync replica, before its apply.
     async fn mark(&mut self, partition: i32, key: &str) -> Result<()> {
-        use rdkafka::producer::FutureRecord;
         if self.producer.is_none() {
-            let producer = self
-                .options
-                .config(&[
-                    ("enable.idempotence", "true"),
-                    ("acks", "all"),
-                    ("linger.ms", "0"),
-                ])
-                .create()
-                .map_err(|e| kafka::kafka_error("create the pending-marker producer", e))?;
-            self.producer = Some(producer);
+            self.producer = Some(kafka::Producer::idempotent(
+                &self.options,
+                kafka::Linger::Not,
+            )?);
         }
         let producer = self.producer.as_ref().expect("created above");
         let since = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
         let value = format!("{{\"pending_since_ms\":{since}}}");
-        let record = FutureRecord::to(&self.topic)
-            .partition(partition)
-            .key(key)
-            .payload(&value);
-        producer.send(record, TIMEOUT).await.map_err(|(e, _)| {
+        let sent = producer
+            .send_with_headers(
+                &self.topic,
+                Some(partition),
+                Some(key.as_bytes()),
+                Some(value.as_bytes()),
+                &[],
+                None,
+            )
+            .await;
+        let landed = match sent {
+            Ok(pending) => pending.landed().await.map(|_| ()),
+            Err(error) => Err(error),
+        };
+        landed.map_err(|e| {
             Error::transient(format!(
                 "marking effect {key} pending before its apply: {e}"
             ))

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
-use crate::kafka::{ClientOptions, Holder, InputConsumer, OutputProducer, Pending, Polled};
+use crate::kafka::{ClientOptions, Holder, InputConsumer, Linger, Pending, Polled, Producer};
 use crate::{Error, Result};
 
 /// A record to send: topic, explicit partition or none (the key decides), key, value,
@@ -182,7 +182,7 @@ pub(crate) trait Sink<S: Source>: Sync {
     /// Waits until every queued record is acknowledged.
     fn flush(&self) -> impl Future<Output = Result<()>> + Send;
     /// Whether a successor fenced this producer, asked with a transaction of no
-    /// consequence to `topic` (see [`OutputProducer::probe_fenced`]); `Err`: unknown.
+    /// consequence to `topic` (see [`Producer::probe_fenced`]); `Err`: unknown.
     fn probe_fenced(&self, topic: &str) -> impl Future<Output = Result<bool>> + Send;
 }
 
@@ -251,17 +251,17 @@ pub(crate) struct NewProducer<'a> {
     pub(crate) config: &'a EngineConfig,
 }
 
-impl Renew<OutputProducer> for NewProducer<'_> {
-    fn renew(&self) -> impl Future<Output = Result<OutputProducer>> + Send {
+impl Renew<Producer> for NewProducer<'_> {
+    fn renew(&self) -> impl Future<Output = Result<Producer>> + Send {
         new_producer(self.options, self.config)
     }
 }
 
-impl Sink<InputConsumer> for OutputProducer {
+impl Sink<InputConsumer> for Producer {
     type Pending = Pending;
 
     fn begin(&self) -> Result<()> {
-        OutputProducer::begin(self)
+        Producer::begin(self)
     }
 
     fn send(&self, record: Outgoing<'_>) -> impl Future<Output = Result<Pending>> + Send {
@@ -281,23 +281,23 @@ impl Sink<InputConsumer> for OutputProducer {
         topic: &str,
         offsets: Vec<(i32, i64)>,
     ) -> impl Future<Output = Result<()>> + Send {
-        OutputProducer::send_offsets(self, source, topic, offsets)
+        Producer::send_offsets(self, source, topic, offsets)
     }
 
     fn commit(&self) -> impl Future<Output = Result<()>> + Send {
-        OutputProducer::commit(self)
+        Producer::commit(self)
     }
 
     fn abort(&self) -> impl Future<Output = Result<()>> + Send {
-        OutputProducer::abort(self)
+        Producer::abort(self)
     }
 
     fn flush(&self) -> impl Future<Output = Result<()>> + Send {
-        OutputProducer::flush(self)
+        Producer::flush(self)
     }
 
     fn probe_fenced(&self, topic: &str) -> impl Future<Output = Result<bool>> + Send {
-        OutputProducer::probe_fenced(self, topic)
+        Producer::probe_fenced(self, topic)
     }
 }
 
@@ -306,16 +306,19 @@ impl Sink<InputConsumer> for OutputProducer {
 pub(crate) async fn new_producer(
     options: &ClientOptions,
     config: &EngineConfig,
-) -> Result<OutputProducer> {
+) -> Result<Producer> {
     match config.delivery {
         DeliveryMode::ExactlyOnce => {
-            OutputProducer::transactional(
+            Producer::transactional(
                 options,
                 &config.transactional_id(),
                 config.transaction_timeout,
+                Linger::Batches,
             )
             .await
         }
-        DeliveryMode::AtLeastOnce | DeliveryMode::AtMostOnce => OutputProducer::idempotent(options),
+        DeliveryMode::AtLeastOnce | DeliveryMode::AtMostOnce => {
+            Producer::idempotent(options, Linger::Batches)
+        }
     }
 }

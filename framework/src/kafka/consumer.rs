@@ -642,6 +642,12 @@ impl InputConsumer {
         .await
     }
 
+    /// The consumer's current generation in its group, for the offsets of a
+    /// transaction (see [`super::Producer::send_offsets`]).
+    pub(crate) fn group_metadata(&self) -> Result<super::GroupMetadata> {
+        super::GroupMetadata::of(&*self.consumer)
+    }
+
     /// How long the group keeps a member that stopped heartbeating (`session.timeout.ms`).
     pub(crate) fn session_timeout(&self) -> Duration {
         let millis = self

@@ -9,6 +9,7 @@ mod consumer;
 mod deliveries;
 mod dlq;
 mod error;
+mod member;
 mod producer;
 mod replay;
 mod security;
@@ -21,7 +22,8 @@ pub(crate) use dlq::{ReplayPlan, replay_dead_letters};
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use error::classify;
 pub(crate) use error::{kafka_error, known_topic_error};
-pub(crate) use producer::{OutputProducer, Pending};
+pub(crate) use member::{GroupMember, GroupMetadata, Start};
+pub(crate) use producer::{Linger, Pending, Producer};
 // The test driver's replay decides when to end as the engine's does.
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use replay::{AtTheEnd, at_the_end};

@@ -1,17 +1,21 @@
-//! The instance's producer: transactional in exactly-once mode, idempotent otherwise.
+//! onceflow's one Kafka producer: transactional (init, begin, send, send offsets, commit,
+//! abort, and a new one after a fence or a timed-out request) or idempotent. The engine
+//! writes its outputs and changelog with it, the effects executor its pending markers,
+//! half messages their halves and publications, and the outbox relay its rows: each life
+//! cycle is this one, so a rule about transactional calls (a call that timed out is never
+//! made again on the same producer) holds for all of them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 pub(crate) use super::deliveries::Pending;
 use super::deliveries::{Deliveries, Ledgered};
-use super::{ClientOptions, InputConsumer, kafka_error};
+use super::{ClientOptions, GroupMetadata, InputConsumer, kafka_error};
 use crate::blocking::blocking;
 use crate::wire::FENCE_PROBE_KEY;
 use crate::{Error, Result};
@@ -27,25 +31,42 @@ const FENCED: [RDKafkaErrorCode; 3] = [
     RDKafkaErrorCode::InvalidProducerEpoch,
 ];
 /// The longest one `send_offsets_to_transaction` call may take before the loop around it
-/// looks again (see [`OutputProducer::send_offsets`]).
+/// looks again (see [`Producer::send_offsets`]).
 const SEND_OFFSETS_CALL: Duration = Duration::from_secs(1);
-/// How often [`OutputProducer::settle`] asks whether librdkafka's queue is empty.
+/// How often [`Producer::settle`] asks whether librdkafka's queue is empty.
 const SETTLE_EVERY: Duration = Duration::from_micros(200);
 
-/// The engine's producers linger this long for more records to a partition, unless a user
-/// says otherwise.
-const LINGER: (&str, &str) = ("linger.ms", "5");
+/// Whether a producer waits for more records to a partition before it sends (unless a
+/// user's own `linger.ms` says otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Linger {
+    /// 5 ms: the engine's batches, many records awaited together.
+    Batches,
+    /// None: one record at a time, each awaited before the next step (a pending marker
+    /// before its effect, a half before its local transaction).
+    Not,
+}
 
-/// The engine's transactional producer's configuration: the defaults (which a user's own
-/// properties override), then what the engine's guarantee needs.
+impl Linger {
+    fn setting(self) -> (&'static str, &'static str) {
+        match self {
+            Linger::Batches => ("linger.ms", "5"),
+            Linger::Not => ("linger.ms", "0"),
+        }
+    }
+}
+
+/// A transactional producer's configuration: the defaults (which a user's own
+/// properties override), then what the guarantee needs.
 fn transactional_config(
     options: &ClientOptions,
     transactional_id: &str,
     transaction_timeout: Duration,
+    linger: Linger,
 ) -> ClientConfig {
     let timeout_ms = transaction_timeout.as_millis().to_string();
     options.config_with_defaults(
-        &[super::TRANSACTIONAL_DEFAULTS, &[LINGER]].concat(),
+        &[super::TRANSACTIONAL_DEFAULTS, &[linger.setting()]].concat(),
         &[
             ("transactional.id", transactional_id),
             ("enable.idempotence", "true"),
@@ -68,66 +89,96 @@ fn ledgered(
     Ok((producer, deliveries))
 }
 
-/// The producer of outputs and changelog records. Where each record landed is kept in
-/// its [`Deliveries`] ledger (see `deliveries.rs`), served by the producer's polling
-/// thread.
+/// A producer (see the [module](self)). Where each record landed is kept in its
+/// [`Deliveries`] ledger (see `deliveries.rs`), served by the producer's polling thread.
 #[derive(Clone)]
-pub(crate) struct OutputProducer {
+pub(crate) struct Producer {
     producer: ThreadedProducer<Ledgered>,
     deliveries: Arc<Deliveries>,
+    /// What it was made of, for [`Producer::replaced`].
+    config: ClientConfig,
     transactional_id: Option<String>,
     transaction_timeout: Duration,
 }
 
-impl std::fmt::Debug for OutputProducer {
+impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OutputProducer")
+        f.debug_struct("Producer")
             .field("transactional_id", &self.transactional_id)
             .finish()
     }
 }
 
-impl OutputProducer {
+impl Producer {
     /// A transactional producer with `transactional_id`, initialised: any earlier producer
     /// with the same ID is fenced and its open transaction aborted.
     pub(crate) async fn transactional(
         options: &ClientOptions,
         transactional_id: &str,
         transaction_timeout: Duration,
+        linger: Linger,
     ) -> Result<Self> {
-        let (producer, deliveries) = ledgered(
-            transactional_config(options, transactional_id, transaction_timeout),
-            "create the transactional producer",
-        )?;
+        let config = transactional_config(options, transactional_id, transaction_timeout, linger);
+        Self::initialised(config, transactional_id, transaction_timeout).await
+    }
+
+    /// A transactional producer of `config`, initialised.
+    async fn initialised(
+        config: ClientConfig,
+        transactional_id: &str,
+        transaction_timeout: Duration,
+    ) -> Result<Self> {
+        let (producer, deliveries) = ledgered(config.clone(), "create the transactional producer")?;
         let init = producer.clone();
         blocking("init_transactions", move || {
             init.init_transactions(transaction_timeout)
                 .map_err(|e| kafka_error("init_transactions", e))
         })
         .await?;
-        Ok(OutputProducer {
+        Ok(Producer {
             producer,
             deliveries,
+            config,
             transactional_id: Some(transactional_id.to_owned()),
             transaction_timeout,
         })
     }
 
-    /// An idempotent, non-transactional producer (at-least-once and at-most-once).
-    pub(crate) fn idempotent(options: &ClientOptions) -> Result<Self> {
-        let (producer, deliveries) = ledgered(
-            options.config_with_defaults(
-                &[LINGER],
-                &[("enable.idempotence", "true"), ("acks", "all")],
-            ),
-            "create the producer",
-        )?;
-        Ok(OutputProducer {
+    /// A new transactional producer with this one's ID and configuration, initialised:
+    /// what this one left open is aborted, and what it still has in flight is fenced (the
+    /// new epoch). The way on after a fence, or after any transactional request that
+    /// timed out (it may still land later: librdkafka has no KIP-890 part 2).
+    pub(crate) async fn replaced(&self) -> Result<Self> {
+        let Some(id) = &self.transactional_id else {
+            return Err(Error::Usage {
+                what: "an idempotent producer was asked to be replaced".into(),
+                fix: "replace only transactional producers; an idempotent one goes on".into(),
+            });
+        };
+        Self::initialised(self.config.clone(), id, self.transaction_timeout).await
+    }
+
+    /// An idempotent, non-transactional producer (at-least-once and at-most-once, and
+    /// records whose order matters but which need no transaction).
+    pub(crate) fn idempotent(options: &ClientOptions, linger: Linger) -> Result<Self> {
+        let config = options.config_with_defaults(
+            &[linger.setting()],
+            &[("enable.idempotence", "true"), ("acks", "all")],
+        );
+        let (producer, deliveries) = ledgered(config.clone(), "create the producer")?;
+        Ok(Producer {
             producer,
             deliveries,
+            config,
             transactional_id: None,
             transaction_timeout: Duration::from_secs(60),
         })
+    }
+
+    /// Which client this is (clones share it; a replacement is another one).
+    #[cfg(test)]
+    pub(crate) fn instance(&self) -> usize {
+        Arc::as_ptr(&self.deliveries) as usize
     }
 
     fn classify(&self, operation: impl Into<crate::Operation>, error: KafkaError) -> Error {
@@ -210,10 +261,19 @@ impl OutputProducer {
         topic: &str,
         offsets: Vec<(i32, i64)>,
     ) -> Result<()> {
-        let metadata = consumer
-            .consumer
-            .group_metadata()
-            .ok_or_else(|| Error::Broker("the consumer has no group metadata yet".into()))?;
+        self.send_offsets_of(consumer.group_metadata()?, topic, offsets)
+            .await
+    }
+
+    /// Adds a group's next offsets to the open transaction with the group member's
+    /// `metadata` (its generation: a member that lost its turn cannot commit).
+    pub(crate) async fn send_offsets_of(
+        &self,
+        metadata: GroupMetadata,
+        topic: &str,
+        offsets: Vec<(i32, i64)>,
+    ) -> Result<()> {
+        let metadata = metadata.0;
         let mut list = TopicPartitionList::new();
         for (partition, offset) in offsets {
             list.add_partition_offset(topic, partition, Offset::Offset(offset))
@@ -447,14 +507,14 @@ mod tests {
     use rdkafka::producer::DefaultProducerContext;
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
-    use super::OutputProducer;
+    use super::{Linger, Producer};
     use crate::kafka::{ClientOptions, InputConsumer};
 
     /// A consumer of the mock's topic `in` with its partition assigned, and a transactional
     /// producer in an open transaction.
     async fn in_a_transaction(
         mock: &MockCluster<'_, DefaultProducerContext>,
-    ) -> (InputConsumer, OutputProducer) {
+    ) -> (InputConsumer, Producer) {
         mock.create_topic("in", 1, 1).expect("topic");
         let options = ClientOptions::with_properties(mock.bootstrap_servers(), &[]);
         let consumer = InputConsumer::subscribe(&options, "g", "a", "in", 10).expect("consumer");
@@ -466,9 +526,10 @@ mod tests {
                 .await
                 .expect("poll");
         }
-        let producer = OutputProducer::transactional(&options, "g-a", Duration::from_secs(20))
-            .await
-            .expect("producer");
+        let producer =
+            Producer::transactional(&options, "g-a", Duration::from_secs(20), Linger::Batches)
+                .await
+                .expect("producer");
         producer.begin().expect("begin");
         (consumer, producer)
     }
@@ -510,7 +571,7 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect();
             let options = ClientOptions::with_properties("broker:9092", &properties);
-            super::transactional_config(&options, "g-a", Duration::from_secs(60))
+            super::transactional_config(&options, "g-a", Duration::from_secs(60), Linger::Batches)
         };
         let default = config(&[]);
         assert_eq!(default.get("retry.backoff.ms"), Some("10"));
@@ -555,6 +616,50 @@ mod tests {
         producer.commit().await.expect("commit");
     }
 
+    /// librdkafka's mock cluster drives it (no exactly-once claim): the way on after a
+    /// failed transactional call is a new producer under the same ID and configuration
+    /// (its initialisation fences the old one on a real broker; the mock does not check
+    /// epochs), left with an open transaction by the old one, whose transactions commit.
+    /// An idempotent producer has nothing to replace.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transactional_producer_is_replaced_under_its_own_id_and_configuration() {
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("out", 1, 1).expect("topic");
+        let properties = [("client.id".to_owned(), "replaced".to_owned())];
+        let options = ClientOptions::with_properties(mock.bootstrap_servers(), &properties);
+        let send = |producer: Producer, value: &'static [u8]| async move {
+            producer
+                .send_with_headers("out", Some(0), None, Some(value), &[], None)
+                .await
+                .expect("queued")
+                .landed()
+                .await
+                .expect("landed");
+        };
+        let old = Producer::transactional(&options, "r", Duration::from_secs(20), Linger::Not)
+            .await
+            .expect("producer");
+        old.begin().expect("begin");
+        send(old.clone(), b"old").await;
+        let new = old.replaced().await.expect("replaced");
+        for key in [
+            "transactional.id",
+            "client.id",
+            "linger.ms",
+            "transaction.timeout.ms",
+        ] {
+            assert_eq!(new.config.get(key), old.config.get(key), "{key}");
+        }
+        assert_eq!(new.transactional_id.as_deref(), Some("r"));
+        new.begin().expect("begin");
+        send(new.clone(), b"new").await;
+        new.commit().await.expect("the replacement commits");
+
+        let idempotent = Producer::idempotent(&options, Linger::Not).expect("producer");
+        let error = idempotent.replaced().await.expect_err("not transactional");
+        assert!(matches!(error, crate::Error::Usage { .. }), "{error}");
+    }
+
     /// Each record learns its own partition and offset however the reports are awaited,
     /// and the ledger keeps nothing afterwards: not for records awaited, nor for records
     /// dropped unawaited in a transaction that was then aborted (librdkafka reports the
@@ -564,7 +669,7 @@ mod tests {
         let mock = MockCluster::new(1).expect("mock cluster");
         mock.create_topic("out", 3, 1).expect("topic");
         let options = ClientOptions::with_properties(mock.bootstrap_servers(), &[]);
-        let producer = OutputProducer::idempotent(&options).expect("producer");
+        let producer = Producer::idempotent(&options, Linger::Batches).expect("producer");
         let mut pending = Vec::new();
         for i in 0..30 {
             let value = format!("v{i}");
@@ -582,9 +687,10 @@ mod tests {
         }
         assert_eq!(producer.deliveries.held(), 0);
 
-        let transactional = OutputProducer::transactional(&options, "t", Duration::from_secs(20))
-            .await
-            .expect("producer");
+        let transactional =
+            Producer::transactional(&options, "t", Duration::from_secs(20), Linger::Batches)
+                .await
+                .expect("producer");
         transactional.begin().expect("begin");
         for i in 0..50 {
             let sent = transactional

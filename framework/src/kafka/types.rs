@@ -24,7 +24,6 @@ pub struct Record {
 
 impl Record {
     /// The key as UTF-8 text (lossy), or `""` when there is none.
-    #[cfg(feature = "testing")]
     pub fn key_str(&self) -> String {
         String::from_utf8_lossy(self.key.as_deref().unwrap_or_default()).into_owned()
     }
