@@ -11,6 +11,11 @@ use std::time::Duration;
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The error of a library onceflow called (the Kafka client, the state store, a codec,
+/// the filesystem), kept as an [`Error`]'s [`source`](std::error::Error::source): its type
+/// is not part of onceflow's API, but a caller may downcast to it.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// What went wrong, and what to do about it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -26,6 +31,10 @@ pub enum Error {
         message: String,
         /// What the caller should do.
         class: ErrorClass,
+        /// The Kafka client's own error, when there was one (the engine's in-memory Kafka
+        /// and onceflow's own checks make Kafka errors without one).
+        #[source]
+        cause: Option<Cause>,
     },
     /// A call of the transactional producer did not return long after its own timeout
     /// (librdkafka's coordinator requests can ignore it, e.g. when the group coordinator
@@ -84,6 +93,10 @@ pub enum Error {
         path: std::path::PathBuf,
         /// What went wrong, and what to do about it.
         message: String,
+        /// The library's own error (redb's, the filesystem's, the codec's), when there
+        /// was one.
+        #[source]
+        cause: Option<Cause>,
     },
     /// Data that should have been written by onceflow could not be read back: a changelog
     /// record or a state file entry of an unknown shape.
@@ -93,6 +106,10 @@ pub enum Error {
         what: String,
         /// What was wrong with it.
         message: String,
+        /// The library's own error (redb's, the filesystem's, the codec's), when there
+        /// was one.
+        #[source]
+        cause: Option<Cause>,
     },
     /// The processor could not handle a record ([`Error::processing`],
     /// [`Error::transient`]).
@@ -114,6 +131,10 @@ pub enum Error {
         offset: i64,
         /// The codec's explanation.
         message: String,
+        /// The library's own error (redb's, the filesystem's, the codec's), when there
+        /// was one.
+        #[source]
+        cause: Option<Cause>,
     },
     /// A value the processor emitted or stored could not be encoded or decoded.
     #[error("cannot encode {what}: {message}")]
@@ -122,6 +143,10 @@ pub enum Error {
         what: String,
         /// The codec's explanation.
         message: String,
+        /// The library's own error (redb's, the filesystem's, the codec's), when there
+        /// was one.
+        #[source]
+        cause: Option<Cause>,
     },
     /// The processor emitted to a topic it did not declare as an output.
     #[error(
@@ -244,7 +269,7 @@ pub enum Error {
         what: String,
         /// The error it failed with, if any.
         #[source]
-        cause: Option<Box<dyn std::error::Error + Send + Sync>>,
+        cause: Option<Cause>,
     },
     /// A blocking call's thread panicked or was cancelled.
     #[error("blocking call `{operation}` did not complete: {message}")]
@@ -677,6 +702,7 @@ mod tests {
             code: KafkaCode::PRODUCER_FENCED,
             message: "fenced".into(),
             class,
+            cause: None,
         }
     }
 
@@ -700,6 +726,7 @@ mod tests {
         let state = Error::State {
             path: "/tmp/x".into(),
             message: "locked".into(),
+            cause: None,
         };
         assert!(state.is_fatal());
         assert!(Error::transient("busy").is_retriable());

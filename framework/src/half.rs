@@ -83,6 +83,7 @@ impl HalfMessage {
         let payload = serde_json::to_vec(value).map_err(|e| Error::Encode {
             what: format!("half message {id}"),
             message: e.to_string(),
+            cause: Some(Box::new(e)),
         })?;
         Ok(HalfMessage {
             id: id.to_owned(),

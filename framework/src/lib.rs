@@ -69,7 +69,7 @@ pub use async_trait::async_trait;
 pub use config::{DeliveryMode, EngineConfig, ErrorPolicy};
 pub use dlq::{DeadLetterReplay, ReplaySummary};
 pub use engine::{Engine, Phase, Shutdown, Stats, StatsSnapshot};
-pub use error::{Error, ErrorClass, KafkaCode, Operation, Result, ResultExt};
+pub use error::{Cause, Error, ErrorClass, KafkaCode, Operation, Result, ResultExt};
 pub use event::{Codec, Event, EventId, Json};
 #[cfg(feature = "derive")]
 pub use onceflow_macros::{Event, Processor};

@@ -74,6 +74,7 @@ impl Message {
         let payload = serde_json::to_vec(value).map_err(|e| Error::Encode {
             what: format!("an outbox message for `{topic}`"),
             message: e.to_string(),
+            cause: Some(Box::new(e)),
         })?;
         Ok(Message {
             topic: topic.to_owned(),
@@ -126,6 +127,7 @@ pub async fn enqueue(connection: &mut PgConnection, message: &Message) -> Result
     let headers = serde_json::to_value(&message.headers).map_err(|e| Error::Encode {
         what: "outbox headers".into(),
         message: e.to_string(),
+        cause: Some(Box::new(e)),
     })?;
     let row = sqlx::query(
         "INSERT INTO onceflow_outbox (topic, key, payload, headers) VALUES ($1, $2, $3, $4)

@@ -183,6 +183,7 @@ impl OutputRecord {
         let value = Json.encode(value).map_err(|message| Error::Encode {
             what: "an output record".into(),
             message,
+            cause: None,
         })?;
         Ok(Self::bytes(value))
     }
@@ -298,6 +299,7 @@ fn encoded<V: Serialize + ?Sized>(topic: &str, value: &V) -> Result<Vec<u8>> {
     Json.encode(value).map_err(|message| Error::Encode {
         what: format!("a record for `{topic}`"),
         message,
+        cause: None,
     })
 }
 
@@ -363,6 +365,7 @@ impl Context<'_> {
         let value = codec.encode(value).map_err(|message| Error::Encode {
             what: format!("a record for `{topic}`"),
             message,
+            cause: None,
         })?;
         self.emit_bytes(topic, Some(key.as_bytes().to_vec()), value)
     }
@@ -456,6 +459,7 @@ impl Context<'_> {
         let value = Json.encode(&intent).map_err(|message| Error::Encode {
             what: format!("an effect intent for `{topic}`"),
             message,
+            cause: None,
         })?;
         self.effects_recorded += 1;
         self.outputs.push(Output {
@@ -599,6 +603,7 @@ impl State<'_> {
                 Json.decode(&bytes).map_err(|message| Error::Encode {
                     what: format!("state `{key}` (stored value does not decode)"),
                     message,
+                    cause: None,
                 })
             })
             .transpose()
@@ -615,6 +620,7 @@ impl State<'_> {
         let bytes = Json.encode(value).map_err(|message| Error::Encode {
             what: format!("state `{key}`"),
             message,
+            cause: None,
         })?;
         self.store
             .put(self.partition, key.as_bytes().to_vec(), bytes);

@@ -168,6 +168,7 @@ pub(crate) fn event_time(store: &dyn StateStore, partition: i32) -> Result<Optio
             serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
                 what: "the partition's event time".into(),
                 message: e.to_string(),
+                cause: Some(Box::new(e)),
             })
         })
         .transpose()

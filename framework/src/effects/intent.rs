@@ -34,6 +34,7 @@ impl Intent {
         let payload = serde_json::to_value(payload).map_err(|e| Error::Encode {
             what: format!("the payload of a `{kind}` effect"),
             message: e.to_string(),
+            cause: Some(Box::new(e)),
         })?;
         Ok(Intent {
             operator: operator.to_owned(),

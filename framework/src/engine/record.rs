@@ -182,6 +182,7 @@ impl Rules<'_> {
                     "{size} bytes, over the {changelog_limit} bytes the producer and the topic \
                      accept (message.max.bytes, max.message.bytes)"
                 ),
+                cause: None,
             };
             return Some((class, error));
         }
@@ -194,6 +195,7 @@ impl Rules<'_> {
                 output.size(),
                 limit(&output.topic)
             ),
+            cause: None,
         };
         Some((FailureClass::OutputTooLarge, error))
     }
@@ -396,6 +398,7 @@ pub(super) fn decode<P: Processor>(processor: &P, record: &kafka::Record) -> Res
             partition: record.partition,
             offset: record.offset,
             message,
+            cause: None,
         })
 }
 

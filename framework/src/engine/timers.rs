@@ -102,6 +102,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                     return Err(Error::Corrupt {
                         what: format!("a timer entry of partition {partition}"),
                         message: format!("{:?} does not parse", String::from_utf8_lossy(&entry)),
+                        cause: None,
                     });
                 };
                 self.fire(processor, part, timer).await?;

@@ -58,6 +58,7 @@ pub(crate) async fn create_topic(
                 code: super::error::code_of(code),
                 message: code.to_string(),
                 class: crate::error::ErrorClass::Other,
+                cause: None,
             });
         }
     }

@@ -304,6 +304,7 @@ fn stopping(error: KafkaError, topic: &str, instance_id: &str) -> Option<crate::
                  commit offsets past records never processed, so the instance stops"
             ),
             class: crate::error::ErrorClass::Fatal,
+            cause: None,
         });
     }
     let error = kafka_error(consume, error);

@@ -41,6 +41,7 @@ pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) ->
             code: code_of(rd.code()),
             message: rd.string(),
             class,
+            cause: Some(Box::new(error)),
         };
     }
     // rdkafka gives no code for an admin call's error, though it carries one: without it
@@ -56,6 +57,7 @@ pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) ->
             code: code_of(*code),
             message: error.to_string(),
             class: ErrorClass::Fatal,
+            cause: Some(Box::new(error)),
         };
     }
     Error::Kafka {
@@ -63,6 +65,7 @@ pub(crate) fn kafka_error(operation: impl Into<Operation>, error: KafkaError) ->
         code: code.map_or(KafkaCode::UNKNOWN, code_of),
         message: error.to_string(),
         class: code.map_or(ErrorClass::Other, classify_code),
+        cause: Some(Box::new(error)),
     }
 }
 
@@ -239,6 +242,29 @@ fn is_refused(code: RDKafkaErrorCode) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The client's own error stays the cause (a caller may downcast to it), and its
+    /// text stays in the message, for the log.
+    #[test]
+    fn a_kafka_error_keeps_the_clients_error_as_its_cause() {
+        let error = kafka_error(
+            "produce",
+            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+        );
+        let cause = std::error::Error::source(&error).expect("a cause");
+        assert!(
+            matches!(
+                cause.downcast_ref::<KafkaError>(),
+                Some(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
+            ),
+            "{cause:?}"
+        );
+        assert_eq!(
+            error.kafka_code(),
+            Some(code_of(RDKafkaErrorCode::QueueFull))
+        );
+        assert!(error.to_string().contains("Queue full"), "{error}");
+    }
 
     /// Seen on the cluster: an instance restarted while a node was away stopped at its
     /// start-up check, "describe the configuration … failed: BrokerTransportFailure",

@@ -206,6 +206,7 @@ mod tests {
             code: crate::kafka::error::code_of(code),
             message: "Broker: authorization failed".into(),
             class: ErrorClass::Fatal,
+            cause: None,
         }
     }
 

@@ -40,6 +40,7 @@ pub(crate) async fn topic_id(
             code: super::error::code_of(code),
             message,
             class: super::error::classify_code(code),
+            cause: None,
         })
     })
     .await

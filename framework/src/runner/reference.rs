@@ -252,6 +252,7 @@ fn render_error_classes() -> String {
             code: KafkaCode::UNKNOWN,
             message: String::new(),
             class,
+            cause: None,
         };
         row(
             &mut page,

@@ -134,6 +134,7 @@ pub(crate) fn injected(class: crate::ErrorClass) -> impl Fn() -> Error + Send + 
         code: crate::KafkaCode::UNKNOWN,
         message: "injected".into(),
         class,
+        cause: None,
     }
 }
 
@@ -448,6 +449,7 @@ impl Inner {
             code: crate::KafkaCode::INVALID_PRODUCER_EPOCH,
             message: "the coordinator aborted the transaction: it timed out".into(),
             class: crate::ErrorClass::Abortable,
+            cause: None,
         })
     }
 
@@ -581,12 +583,14 @@ impl Landing for FakePending {
                 code: crate::KafkaCode::MESSAGE_SIZE_TOO_LARGE,
                 message,
                 class: crate::ErrorClass::Rejected,
+                cause: None,
             },
             Refused::TimedOut => Error::Kafka {
                 operation: crate::Operation::produce("fake"),
                 code: crate::KafkaCode::MESSAGE_TIMED_OUT,
                 message: "the produce request timed out (it may land later)".into(),
                 class: crate::ErrorClass::Retriable,
+                cause: None,
             },
         }))
     }
@@ -1089,6 +1093,7 @@ impl Source for FakeKafka {
                     code,
                     message: "the group has moved to a newer generation".into(),
                     class: crate::kafka::classify(code),
+                    cause: None,
                 });
             }
             inner.committed_offsets.extend(offsets);
@@ -1118,6 +1123,7 @@ impl Source for FakeKafka {
                     code: crate::KafkaCode::UNSTABLE_OFFSET_COMMIT,
                     message: "another transaction holds offsets of these partitions".into(),
                     class: crate::ErrorClass::Retriable,
+                    cause: None,
                 });
             }
             Ok(())
@@ -1401,6 +1407,7 @@ impl Sink<FakeKafka> for FakeKafka {
                 code: crate::KafkaCode::ILLEGAL_GENERATION,
                 message: "the group has moved to a newer generation".into(),
                 class: crate::ErrorClass::Abortable,
+                cause: None,
             });
         }
         let result = result.map(|()| {
@@ -1425,6 +1432,7 @@ impl Sink<FakeKafka> for FakeKafka {
                 code: crate::KafkaCode::MESSAGE_TIMED_OUT,
                 message: "a record of the transaction timed out".into(),
                 class: crate::ErrorClass::Abortable,
+                cause: None,
             }),
             applied => {
                 inner.client.commits += 1;
@@ -1435,6 +1443,7 @@ impl Sink<FakeKafka> for FakeKafka {
                     code: crate::KafkaCode::REQUEST_TIMED_OUT,
                     message: "the commit request timed out (it may still land)".into(),
                     class: crate::ErrorClass::Retriable,
+                    cause: None,
                 };
                 match fate {
                     Some(CommitFate::TimesOutLate) => {

@@ -372,6 +372,7 @@ impl<P: Processor> TestDriver<P> {
         let value = codec.encode(event).map_err(|message| Error::Encode {
             what: "a piped event".into(),
             message,
+            cause: None,
         })?;
         let mut record = OutgoingRecord {
             value: Some(value),
@@ -721,6 +722,7 @@ impl<P: Processor> TestDriver<P> {
                         partition: record.partition,
                         offset: record.offset,
                         message: e.to_string(),
+                        cause: Some(Box::new(e)),
                     }
                 })
             })
@@ -753,6 +755,7 @@ impl<P: Processor> TestDriver<P> {
                 serde_json::from_slice(&bytes).map_err(|e| Error::Encode {
                     what: format!("the state of `{key}` on partition {partition}, decoded"),
                     message: e.to_string(),
+                    cause: Some(Box::new(e)),
                 })
             })
             .transpose()

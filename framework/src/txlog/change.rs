@@ -109,6 +109,7 @@ impl Change {
         let corrupt = |message: String| Error::Corrupt {
             what: what.to_string(),
             message,
+            cause: None,
         };
         if let Some(id) = key.strip_prefix(EVENT_PREFIX) {
             let id = std::str::from_utf8(id)
@@ -221,7 +222,7 @@ mod tests {
 
     fn corrupt_message(key: &[u8], value: Option<&[u8]>) -> String {
         match Change::decode(key, value, WHAT) {
-            Err(Error::Corrupt { what, message }) => {
+            Err(Error::Corrupt { what, message, .. }) => {
                 assert_eq!(what, WHAT);
                 message
             }

@@ -73,6 +73,7 @@ impl TxLog {
                     "a new transaction log is unusable too ({again}) after the old one was \
                      ({reason}); check the disk and the state directory"
                 ),
+                cause: None,
             }),
         }
     }
@@ -90,6 +91,7 @@ impl TxLog {
                 message: "no transaction log here: check state_dir, group and instance_id \
                           (the log is <state_dir>/<group>/<instance_id>/txlog.redb)"
                     .into(),
+                cause: None,
             });
         }
         // `inspect` reads each table once and keeps nothing: the engine's default cache is plenty.
@@ -105,6 +107,7 @@ impl TxLog {
                     path,
                     message: "the file is in use: stop the instance first (or inspect a copy)"
                         .into(),
+                    cause: Some(Box::new(err)),
                 }),
                 err => Err(Error::State {
                     path,
@@ -112,6 +115,7 @@ impl TxLog {
                         "redb cannot read it ({err}); the engine will move it aside and \
                          rebuild it from the changelog at its next start"
                     ),
+                    cause: Some(Box::new(err)),
                 }),
             },
             Err(payload) => Err(Error::State {
@@ -120,6 +124,7 @@ impl TxLog {
                     "redb panicked reading it ({}); the engine will rebuild it at its next start",
                     panic_message(payload.as_ref())
                 ),
+                cause: None,
             }),
         }
     }
@@ -238,6 +243,7 @@ fn create_state_dir(dir: &Path) -> Result<()> {
             "creating the state directory failed: {e}; check that its parent is writable or \
              choose another state dir"
         ),
+        cause: Some(Box::new(e)),
     })
 }
 
@@ -251,6 +257,7 @@ pub(crate) fn check_private(dir: &Path) -> Result<()> {
         let metadata = fs::metadata(dir).map_err(|e| Error::State {
             path: dir.to_path_buf(),
             message: format!("cannot read the state directory's owner and mode: {e}"),
+            cause: Some(Box::new(e)),
         })?;
         let me = rustix::process::geteuid().as_raw();
         let mode = metadata.mode() & 0o7777;
@@ -263,6 +270,7 @@ pub(crate) fn check_private(dir: &Path) -> Result<()> {
                      it, or choose another state dir",
                     metadata.uid()
                 ),
+                cause: None,
             });
         }
         if mode & 0o022 != 0 {
@@ -277,6 +285,7 @@ pub(crate) fn check_private(dir: &Path) -> Result<()> {
                         "its group"
                     }
                 ),
+                cause: None,
             });
         }
     }
@@ -303,6 +312,7 @@ fn move_aside(path: &Path) -> Result<PathBuf> {
              hand and restart",
             aside.display()
         ),
+        cause: Some(Box::new(e)),
     })?;
     Ok(aside)
 }
@@ -501,7 +511,7 @@ mod tests {
         let (first, _) = TxLog::open(dir.path()).unwrap();
         write_something(&first);
         let err = TxLog::open(dir.path()).unwrap_err();
-        let Error::State { path, message } = &err else {
+        let Error::State { path, message, .. } = &err else {
             panic!("expected Error::State, got {err:?}");
         };
         assert_eq!(path, &dir.path().join(TXLOG_FILE));

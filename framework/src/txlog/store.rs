@@ -494,6 +494,7 @@ impl TxLog {
             message: format!(
                 "reading the file size failed: {e}; check that the state directory was not removed"
             ),
+            cause: Some(Box::new(e)),
         })?;
         Ok(metadata.len())
     }
@@ -529,6 +530,7 @@ impl TxLog {
         let failed = |doing: &str, e: std::io::Error| Error::State {
             path: path.clone(),
             message: format!("{doing} failed: {e}"),
+            cause: Some(Box::new(e)),
         };
         std::fs::copy(&path, &copy).map_err(|e| failed("copying the file as it is", e))?;
         drop(self);

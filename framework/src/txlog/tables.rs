@@ -119,12 +119,36 @@ pub(super) fn state_error(path: &Path, doing: &str, err: impl Into<redb::Error>)
     Error::State {
         path: path.to_path_buf(),
         message: format!("{doing} failed: {err}; {advice}"),
+        cause: Some(Box::new(err)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// redb's error stays the cause of a state error, beside the advice for the operator.
+    #[test]
+    fn a_state_error_keeps_redbs_error_as_its_cause() {
+        let error = state_error(
+            Path::new("/state/txlog.redb"),
+            "opening",
+            redb::Error::DatabaseAlreadyOpen,
+        );
+        let cause = std::error::Error::source(&error).expect("a cause");
+        assert!(
+            matches!(
+                cause.downcast_ref::<redb::Error>(),
+                Some(redb::Error::DatabaseAlreadyOpen)
+            ),
+            "{cause:?}"
+        );
+        assert!(error.is_fatal());
+        assert!(
+            error.to_string().contains("another onceflow instance"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn partition_ranges_do_not_overflow_and_exclude_the_next_partition() {

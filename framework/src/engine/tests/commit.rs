@@ -116,6 +116,7 @@ async fn a_commit_that_timed_out_but_went_through_is_settled_by_a_new_producer()
             code: crate::KafkaCode::OPERATION_TIMED_OUT,
             message: "Local: Timed out".into(),
             class: ErrorClass::Retriable,
+            cause: None,
         });
     let error = rig
         .run(vec![amount(0, "a", 1), amount(1, "b", 2)])

@@ -206,6 +206,7 @@ async fn a_transaction_aborted_under_the_producer_renews_it_and_the_instance_goe
         code: crate::KafkaCode::INVALID_TRANSACTIONAL_STATE,
         message: "invalid state".into(),
         class: ErrorClass::Fatal,
+        cause: None,
     };
     assert!(!stops_the_instance(&lost));
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
@@ -223,6 +224,7 @@ fn request_timed_out(call: &str) -> Error {
         code: crate::KafkaCode::OPERATION_TIMED_OUT,
         message: "Local: Timed out".into(),
         class: ErrorClass::Retriable,
+        cause: None,
     }
 }
 
