@@ -266,6 +266,14 @@ fn render_error_classes() -> String {
             ],
         );
     }
+    page.push_str(
+        "\nThe library's own error stays an error's cause (`std::error::Error::source`, an\n\
+         `onceflow::Cause` to downcast): the Kafka client's for `Error::Kafka`, redb's or the\n\
+         filesystem's for `Error::State`, serde's where onceflow decodes JSON itself, the\n\
+         database's for `Error::Outbox`. Its type is not part of onceflow's API (it changes\n\
+         when the library does), so decide on the class and the code, and log or inspect the\n\
+         cause.\n",
+    );
     page
 }
 
