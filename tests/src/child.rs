@@ -111,11 +111,22 @@ impl Instance {
     }
 }
 
-/// A running instance.
+/// A running instance. Dropped while still running (a failed assertion, an early `?`),
+/// it is killed, so no instance outlives its test: one the fault matrix left behind
+/// when a heal failed was still running, using CPU, minutes into the next suite.
 #[derive(Debug)]
 pub struct Running {
     child: Child,
     user: Option<u32>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl Running {

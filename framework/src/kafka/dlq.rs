@@ -1,9 +1,8 @@
 //! Re-publishing dead-lettered records, exactly once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
-
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
