@@ -20,7 +20,7 @@ pub const EFFECT_KIND_HEADER: &str = "onceflow-effect-kind";
 pub const IDEMPOTENCY_KEY_HEADER: &str = "onceflow-idempotency-key";
 
 // The headers a dead letter carries besides its record's own (their meaning is in
-// `engine::dead_letters::HEADERS`, rendered to the reference page).
+// `engine::batch::dead_letters::HEADERS`, rendered to the reference page).
 pub(crate) const DLQ_ERROR_CLASS: &str = "onceflow-error-class";
 pub(crate) const DLQ_ERROR_MESSAGE: &str = "onceflow-error-message";
 pub(crate) const DLQ_SOURCE_TOPIC: &str = "onceflow-source-topic";

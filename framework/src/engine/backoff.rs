@@ -19,7 +19,7 @@ pub(super) fn abort_backoff(failures: u32) -> Duration {
 /// coordinator once kept `init_transactions` timing out for over a minute, which five
 /// attempts did not outlast. The consumer is held meanwhile, so the group keeps the
 /// instance's partitions. A start waits as long for its first producer
-/// (`recover::first_producer`).
+/// (`recovery::first_producer`).
 pub(crate) const RECOVERY_PATIENCE: Duration = Duration::from_secs(300);
 
 /// The longest pause between two attempts of [`retry_transient_for`].

@@ -1,5 +1,8 @@
-//! The changelog's replay into the transaction log, and the progress records every batch
-//! adds to its share of the changelog (the write itself is the batch's commit).
+//! The changelog, in one home: the progress records every batch adds to its share of it
+//! (the write itself is the batch's commit, `batch/commit.rs`), its replay into the
+//! transaction log, the log's tie to the changelog that exists now (its topic ID, at
+//! start), and how long it keeps a tombstone (which decides when an out-of-step
+//! partition is rebuilt).
 //!
 //! ```text
 //!  assignment ─► stable committed offset C (require_stable) ─► replay from checkpoint
@@ -9,7 +12,7 @@
 //! Invariants:
 //! - Replay ends when the changelog's progress records reach the group's stable
 //!   committed offset, never merely at the last stable offset an open transaction holds.
-//! - A recreated changelog is told by its topic ID at start (`startup::adopt_changelog`);
+//! - A recreated changelog is told by its topic ID at start ([`adopt`]);
 //!   a checkpoint past the high watermark (a truncated partition, or a cluster without
 //!   topic IDs) rebuilds the partition too. A malformed record stops the instance; it
 //!   never clears a partition.
@@ -17,6 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::EngineConfig;
 use crate::engine::seams::{Cancel, Restore};
 use crate::engine::stats::{Phase, Stats};
 use crate::kafka::{self, ClientOptions, ReadEnd};
@@ -125,6 +129,68 @@ pub(crate) fn behind(
          what it holds, as accept_changelog_behind says"
     );
     Ok(())
+}
+
+/// Ties the transaction log to the changelog by the topic's ID (KIP-516). A changelog
+/// deleted and created again since the log was built has another ID: the log is emptied
+/// and every partition replays the new topic from its start. Offsets cannot tell: a new
+/// topic that grew past the old checkpoint looks like the old one read further, and
+/// replaying it from there would keep the old topic's dedup entries and state and miss
+/// the new one's first records. A cluster that gives no topic IDs (before Kafka 2.8)
+/// leaves only the high-watermark check of the replay.
+pub(super) async fn adopt(
+    options: &ClientOptions,
+    config: &EngineConfig,
+    txlog: &Arc<TxLog>,
+) -> Result<()> {
+    let changelog = config.changelog_topic();
+    let Some(id) = kafka::topic_id(options, &changelog, METADATA_TIMEOUT).await? else {
+        tracing::warn!(
+            topic = %changelog,
+            "the cluster gives the changelog no topic ID: a changelog deleted and created \
+             again is told only by a checkpoint past its end"
+        );
+        return Ok(());
+    };
+    let log = Arc::clone(txlog);
+    let adopt = id.clone();
+    let was = crate::blocking::blocking("record the changelog's topic ID", move || {
+        log.adopt_changelog(&adopt)
+    })
+    .await?;
+    match was {
+        Some(was) => tracing::warn!(
+            topic = %changelog,
+            was,
+            now = %id,
+            "the changelog was deleted and created again since the transaction log was built: \
+             forgot the log; every partition replays the new topic from its start"
+        ),
+        None => tracing::debug!(topic = %changelog, %id, "changelog topic ID"),
+    }
+    Ok(())
+}
+
+/// How long the changelog keeps a tombstone after compaction reached it (its
+/// `delete.retention.ms`): a partition's transaction log out of step with the changelog
+/// for half of it is rebuilt ([`forget_if_out_of_step`]).
+/// Kafka's default when the broker does not say.
+pub(super) async fn tombstones_kept(options: &ClientOptions, changelog: &str) -> Result<Duration> {
+    let value =
+        kafka::topic_config(options, changelog, "delete.retention.ms", METADATA_TIMEOUT).await?;
+    match value.as_deref().map(str::parse::<u64>) {
+        Some(Ok(ms)) => Ok(Duration::from_millis(ms)),
+        other => {
+            let kept = DEFAULT_TOMBSTONES_KEPT;
+            tracing::warn!(
+                topic = changelog,
+                value = ?other,
+                ?kept,
+                "the changelog's delete.retention.ms could not be read; taking Kafka's default"
+            );
+            Ok(kept)
+        }
+    }
 }
 
 /// Brings `partition`'s dedup entries and state in redb up to date with the changelog,

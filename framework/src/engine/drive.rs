@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::Error;
 use crate::config::EngineConfig;
 use crate::crash::CrashPlan;
-use crate::engine::recover::{Parts, Resync, first_producer};
+use crate::engine::recovery::{Parts, Resync, State, first_producer};
 use crate::engine::stats::{Phase, Shutdown, Stats};
 use crate::engine::{DEFAULT_MESSAGE_MAX_BYTES, serve, startup};
 use crate::processor::Processor;
@@ -27,22 +27,10 @@ pub(crate) struct Instance<P> {
     processor: P,
     producer: FakeKafka,
     owned: BTreeSet<i32>,
-    /// What the engine keeps between polls besides (the floors its catch-ups set, the
-    /// polls a held consumer brought, the fences it took): kept from one run to the
-    /// next, as a process keeps them.
-    kept: Kept,
-}
-
-#[derive(Default)]
-struct Kept {
-    held: Vec<crate::kafka::Polled>,
-    fences: crate::engine::recover::Fences,
-    floor: BTreeMap<i32, crate::engine::recover::Floor>,
-}
-
-/// What a mutex of the engine's held when it is done with it.
-fn take<T>(mutex: std::sync::Mutex<T>) -> T {
-    mutex.into_inner().unwrap_or_else(|e| e.into_inner())
+    /// What recovery remembers between batches (the floors its catch-ups set, the polls
+    /// a held consumer brought, the fences it took): kept from one run to the next, as a
+    /// process keeps it.
+    kept: State,
 }
 
 /// How a run ended.
@@ -70,7 +58,7 @@ impl<P: Processor> Instance<P> {
             processor,
             producer,
             owned: BTreeSet::new(),
-            kept: Kept::default(),
+            kept: State::default(),
         })
     }
 }
@@ -107,10 +95,10 @@ pub(crate) async fn run<P: Processor>(
         changelog: &changelog,
         output_limits: &limits,
     };
-    let resync = Resync {
+    let resync = Resync::with_state(
         config,
         stats,
-        restore: MemoryReplay {
+        MemoryReplay {
             kafka,
             changelog: &changelog,
             txlog,
@@ -120,12 +108,9 @@ pub(crate) async fn run<P: Processor>(
             wait: config.transaction_timeout + crate::engine::REPLAY_WAIT_GRACE,
             in_doubt_wait: config.transaction_timeout,
         },
-        renew: kafka.clone(),
-        held: std::sync::Mutex::new(std::mem::take(&mut instance.kept.held)),
-        fences: std::sync::Mutex::new(std::mem::take(&mut instance.kept.fences)),
-        producer_fenced: std::sync::atomic::AtomicBool::default(),
-        floor: std::sync::Mutex::new(std::mem::take(&mut instance.kept.floor)),
-    };
+        kafka.clone(),
+        std::mem::take(&mut instance.kept),
+    );
     let Instance {
         processor,
         producer,
@@ -166,17 +151,7 @@ pub(crate) async fn run<P: Processor>(
             other => break other,
         }
     };
-    let Resync {
-        held,
-        fences,
-        floor,
-        ..
-    } = resync;
-    *kept = Kept {
-        held: take(held),
-        fences: take(fences),
-        floor: take(floor),
-    };
+    *kept = resync.into_state();
     match outcome {
         None => Outcome::Crashed(plan.take_crash().unwrap_or("unknown")),
         Some(Ok(())) => {

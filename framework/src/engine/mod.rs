@@ -57,21 +57,17 @@
 //!   coordinator moved during an epoch bump) makes a new producer, within a budget.
 
 mod backoff;
-mod batch;
+pub(crate) mod batch;
 pub(crate) mod changelog;
-mod commit;
-pub(crate) mod dead_letters;
 #[cfg(feature = "testing")]
 pub(crate) mod drive;
-mod record;
-pub(crate) mod recover;
+pub(crate) mod recovery;
 pub(crate) mod seams;
 pub(crate) mod serve;
 pub(crate) mod startup;
 pub(crate) mod stats;
 #[cfg(test)]
 mod tests;
-mod timers;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -93,7 +89,7 @@ use crate::processor::Processor;
 use crate::txlog::{self, Opened, TxLog};
 use backoff::retry_transient;
 use changelog::ChangelogReplay;
-use recover::{Parts, Resync};
+use recovery::{Parts, Resync};
 use seams::NewProducer;
 
 /// librdkafka's default `message.max.bytes`.
@@ -199,11 +195,11 @@ impl Engine {
         })
         .await?;
         retry_transient("read the changelog's topic ID", || {
-            startup::adopt_changelog(options, &config, &txlog)
+            changelog::adopt(options, &config, &txlog)
         })
         .await?;
 
-        let mut producer = recover::first_producer(&NewProducer {
+        let mut producer = recovery::first_producer(&NewProducer {
             options,
             config: &config,
         })
@@ -237,7 +233,7 @@ impl Engine {
         );
 
         let tombstones_kept = retry_transient("read the changelog's delete.retention.ms", || {
-            startup::tombstones_kept(options, &changelog)
+            changelog::tombstones_kept(options, &changelog)
         })
         .await?;
         let resync = Resync::new(

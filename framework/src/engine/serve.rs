@@ -10,9 +10,8 @@ use tracing::Instrument;
 
 use crate::config::DeliveryMode;
 use crate::engine::backoff::{abort_backoff, retry_transient};
-use crate::engine::recover::{
-    Failed, ISOLATE_AFTER, Parts, Resync, isolate, recover, stops_the_instance,
-};
+use crate::engine::recovery::isolate::isolate;
+use crate::engine::recovery::{Failed, ISOLATE_AFTER, Parts, Resync, recover, stops_the_instance};
 use crate::engine::seams::{Renew, Restore, Sink, Source};
 use crate::engine::stats::{Phase, Shutdown, Stats};
 use crate::kafka::{self, Polled, Rebalanced};

@@ -1,6 +1,6 @@
-//! Start-up checks: the topics exist (onceflow's own are created, durable and compacted),
-//! the transaction log mirrors the changelog that exists now (by its topic ID), and the
-//! size limits of every topic the engine writes.
+//! Start-up checks: the topics exist (onceflow's own are created, durable and compacted)
+//! and the size limits of every topic the engine writes. That the transaction log mirrors
+//! the changelog that exists now (by its topic ID) is `changelog.rs`'s.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -197,46 +197,6 @@ pub(super) fn written_topics(config: &EngineConfig) -> Vec<String> {
     written
 }
 
-/// Ties the transaction log to the changelog by the topic's ID (KIP-516). A changelog
-/// deleted and created again since the log was built has another ID: the log is emptied
-/// and every partition replays the new topic from its start. Offsets cannot tell: a new
-/// topic that grew past the old checkpoint looks like the old one read further, and
-/// replaying it from there would keep the old topic's dedup entries and state and miss
-/// the new one's first records. A cluster that gives no topic IDs (before Kafka 2.8)
-/// leaves only the high-watermark check of the replay.
-pub(super) async fn adopt_changelog(
-    options: &ClientOptions,
-    config: &EngineConfig,
-    txlog: &std::sync::Arc<TxLog>,
-) -> Result<()> {
-    let changelog = config.changelog_topic();
-    let Some(id) = kafka::topic_id(options, &changelog, METADATA_TIMEOUT).await? else {
-        tracing::warn!(
-            topic = %changelog,
-            "the cluster gives the changelog no topic ID: a changelog deleted and created \
-             again is told only by a checkpoint past its end"
-        );
-        return Ok(());
-    };
-    let log = std::sync::Arc::clone(txlog);
-    let adopt = id.clone();
-    let was = crate::blocking::blocking("record the changelog's topic ID", move || {
-        log.adopt_changelog(&adopt)
-    })
-    .await?;
-    match was {
-        Some(was) => tracing::warn!(
-            topic = %changelog,
-            was,
-            now = %id,
-            "the changelog was deleted and created again since the transaction log was built: \
-             forgot the log; every partition replays the new topic from its start"
-        ),
-        None => tracing::debug!(topic = %changelog, %id, "changelog topic ID"),
-    }
-    Ok(())
-}
-
 /// What the transaction log holds at start-up, per partition.
 pub(super) fn log_contents(txlog: &TxLog) {
     match (txlog.stats(), txlog.file_size()) {
@@ -284,26 +244,4 @@ async fn cleanup_policy(options: &ClientOptions, changelog: &str) -> Result<Stri
             .await?
             .unwrap_or_default(),
     )
-}
-
-/// How long the changelog keeps a tombstone after compaction reached it (its
-/// `delete.retention.ms`): a partition's transaction log out of step with the changelog
-/// for half of it is rebuilt ([`crate::engine::changelog::forget_if_out_of_step`]).
-/// Kafka's default when the broker does not say.
-pub(super) async fn tombstones_kept(options: &ClientOptions, changelog: &str) -> Result<Duration> {
-    let value =
-        kafka::topic_config(options, changelog, "delete.retention.ms", METADATA_TIMEOUT).await?;
-    match value.as_deref().map(str::parse::<u64>) {
-        Some(Ok(ms)) => Ok(Duration::from_millis(ms)),
-        other => {
-            let kept = crate::engine::changelog::DEFAULT_TOMBSTONES_KEPT;
-            tracing::warn!(
-                topic = changelog,
-                value = ?other,
-                ?kept,
-                "the changelog's delete.retention.ms could not be read; taking Kafka's default"
-            );
-            Ok(kept)
-        }
-    }
 }

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::EngineConfig;
-use crate::engine::recover::Resync;
+use crate::engine::recovery::Resync;
 use crate::engine::seams::{Cancel, Landing, Outgoing, Renew, Restore, Sink, Source};
 use crate::engine::stats::Stats;
 use crate::kafka::{AtTheEnd, Polled, Rebalanced, Record};

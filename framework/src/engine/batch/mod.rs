@@ -1,7 +1,9 @@
 //! One batch: its records handled one by one (`record.rs` decides, this file sends), then
 //! committed together (`commit.rs`). A transient failure splits the batch (what came
 //! before commits, the wait holds no transaction open); a transaction open for half its
-//! timeout commits what is done and goes on in a new one.
+//! timeout commits what is done and goes on in a new one. A record it cannot process is
+//! handled per `on_error` (`on_error.rs`; the dead letter's contract is `dead_letters.rs`); timers
+//! due fire in a batch of their own (`timers.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -9,16 +11,20 @@ use std::time::Duration;
 
 use crate::config::{DeliveryMode, EngineConfig};
 use crate::crash::crash_point;
-use crate::engine::dead_letters::FailureClass;
-use crate::engine::record::{Retry, Rules, Seen, Verdict};
 use crate::engine::seams::{Outgoing, Sink, Source};
 use crate::engine::stats::Stats;
 use crate::kafka;
 use crate::processor::Processor;
 use crate::txlog::{Change, Overlay, Snapshot, TxLog, View};
 use crate::{Error, Result};
+use dead_letters::FailureClass;
+use record::{Retry, Rules, Seen, Verdict};
 
+mod commit;
+pub(crate) mod dead_letters;
 mod on_error;
+pub(in crate::engine) mod record;
+mod timers;
 
 /// Records of this batch that could not be processed.
 pub(super) struct Failures<P> {

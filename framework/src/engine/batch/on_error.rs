@@ -1,10 +1,10 @@
 //! A record the batch cannot process, handled per `on_error`: dead-lettered in the
 //! batch's transaction, skipped, or the instance stops. The dead-letter record's contract
-//! (its headers and error classes) is `engine/dead_letters.rs`.
+//! (its headers and error classes) is `dead_letters.rs`.
 
+use super::dead_letters::FailureClass;
 use super::{Batch, Failures};
 use crate::config::ErrorPolicy;
-use crate::engine::dead_letters::FailureClass;
 use crate::engine::seams::{Outgoing, Sink, Source};
 use crate::kafka;
 use crate::wire::{

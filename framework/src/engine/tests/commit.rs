@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use crate::config::DeliveryMode;
-use crate::engine::recover::Resync;
+use crate::engine::recovery::Resync;
 use crate::kafka::Record;
 use crate::testing::kafka::{Call, FakeKafka, Kind, injected as kafka_error};
 use crate::{Error, ErrorClass};
@@ -23,7 +23,7 @@ impl Rig {
         self.kafka.clear_calls();
         let resync = self.kafka.resync(&self.config, &self.stats);
         let mut producer = self.kafka.clone();
-        crate::engine::recover::recover(&resync, &self.kafka, &mut producer, &[0].into(), error)
+        crate::engine::recovery::recover(&resync, &self.kafka, &mut producer, &[0].into(), error)
             .await
             .expect("recovered");
         resync

@@ -108,7 +108,7 @@ async fn a_record_failed_alone_is_dead_lettered_with_its_offset_in_its_own_trans
     rig.batch()
         .fail_alone(
             &refused,
-            crate::engine::dead_letters::FailureClass::Rejected,
+            crate::engine::batch::dead_letters::FailureClass::Rejected,
             kafka_error(ErrorClass::Rejected)(),
         )
         .await

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::config::DeliveryMode;
-use crate::engine::recover::{Resync, recover};
+use crate::engine::recovery::{Resync, recover};
 use crate::kafka::Holder;
 use crate::testing::kafka::{Call, FAKE_SESSION_TIMEOUT, FakeKafka, Kind, injected as kafka};
 use crate::{Error, ErrorClass};
@@ -29,7 +29,7 @@ async fn a_fence_with_no_successor_in_the_group_makes_a_new_producer() {
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
     let started = tokio::time::Instant::now();
     let resync = rig.recover(&producer_fenced()).await.expect("recovered");
-    assert!(started.elapsed() >= crate::engine::recover::FENCE_GRACE);
+    assert!(started.elapsed() >= crate::engine::recovery::FENCE_GRACE);
     assert!(!resync.producer_fenced(), "replaced");
     assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);
 
@@ -210,7 +210,7 @@ async fn both_fenced_with_the_group_undescribed_stops_the_instance() {
 /// own, then stops, saying why.
 #[tokio::test(start_paused = true)]
 async fn fences_past_the_budget_stop_the_instance() {
-    use crate::engine::recover::{FENCE_WINDOW, MAX_FENCES};
+    use crate::engine::recovery::state::{FENCE_WINDOW, MAX_FENCES};
     let rig = Rig::new(DeliveryMode::ExactlyOnce).await;
     let resync = rig.kafka.resync(&rig.config, &rig.stats);
     let owned: BTreeSet<i32> = [0, 1].into();

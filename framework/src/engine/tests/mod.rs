@@ -210,7 +210,7 @@ mod recovery_rig {
 
     use crate::Error;
     use crate::config::{DeliveryMode, EngineConfig};
-    use crate::engine::recover::{Resync, recover};
+    use crate::engine::recovery::{Resync, recover};
     use crate::engine::seams::Source;
     use crate::engine::stats::Stats;
     use crate::testing::kafka::{Call, FakeKafka};

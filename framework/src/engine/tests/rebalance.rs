@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::ErrorClass;
 use crate::config::DeliveryMode;
-use crate::engine::recover::recover;
+use crate::engine::recovery::recover;
 use crate::kafka::{Polled, Rebalanced};
 use crate::testing::kafka::{Call, injected as kafka};
 

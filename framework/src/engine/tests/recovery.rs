@@ -158,7 +158,7 @@ async fn a_new_producer_is_waited_for_while_the_cluster_recovers() {
 #[tokio::test(start_paused = true)]
 async fn a_start_waits_for_its_first_producer_while_the_cluster_recovers() {
     use crate::engine::backoff::RECOVERY_PATIENCE;
-    use crate::engine::recover::first_producer;
+    use crate::engine::recovery::first_producer;
     let renewals = |fake: &FakeKafka| fake.calls().iter().filter(|c| **c == Call::Renew).count();
     let fake = FakeKafka::default();
     for nth in 1..=12 {
@@ -198,7 +198,7 @@ fn timed_out() -> Error {
 
 #[tokio::test(start_paused = true)]
 async fn a_transaction_aborted_under_the_producer_renews_it_and_the_instance_goes_on() {
-    use crate::engine::recover::stops_the_instance;
+    use crate::engine::recovery::stops_the_instance;
 
     // What librdkafka raises after the coordinator moved and aborted the transaction.
     let lost = Error::Kafka {
@@ -263,7 +263,7 @@ async fn a_producer_stuck_in_a_call_is_replaced_without_asking_it_to_abort() {
         call: "send_offsets_to_transaction".into(),
         after: Duration::from_secs(25),
     };
-    assert!(!crate::engine::recover::stops_the_instance(&stuck));
+    assert!(!crate::engine::recovery::stops_the_instance(&stuck));
     rig.recover(&stuck).await.expect("recovered");
     // An abort would queue behind the stuck call.
     assert_caught_up_after(&rig, &[Call::Hold, Call::Renew]);

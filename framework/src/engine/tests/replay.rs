@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::DeliveryMode;
-use crate::engine::recover::{Resync, recover};
+use crate::engine::recovery::{Resync, recover};
 use crate::kafka::{Polled, Rebalanced};
 use crate::testing::kafka::{Call, Kind, injected as kafka};
 use crate::{Error, ErrorClass};
@@ -97,7 +97,7 @@ async fn newly_assigned_partitions_are_not_paused_while_librdkafka_may_be_starti
     let at = |wanted: &Call| calls.iter().position(|call| call == wanted);
     let hold = at(&Call::Hold).expect("a long catch-up is held");
     assert_eq!(
-        crate::engine::recover::HOLD_AFTER_ASSIGNMENT,
+        crate::engine::recovery::HOLD_AFTER_ASSIGNMENT,
         Duration::from_secs(5)
     );
     let third = at(&Call::Restore(2, None)).expect("the third replay");
@@ -172,18 +172,14 @@ async fn a_replay_given_up_by_a_failed_hold_applies_nothing_after() {
     rig.kafka
         .fail(Kind::KeepAlive, None, 1, kafka(ErrorClass::Fatal));
     let applied = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let resync = Resync {
-        config: &rig.config,
-        stats: &rig.stats,
-        restore: BlockingReplay {
+    let resync = Resync::new(
+        &rig.config,
+        &rig.stats,
+        BlockingReplay {
             applied: Arc::clone(&applied),
         },
-        renew: rig.kafka.clone(),
-        held: std::sync::Mutex::default(),
-        fences: std::sync::Mutex::default(),
-        producer_fenced: std::sync::atomic::AtomicBool::default(),
-        floor: std::sync::Mutex::default(),
-    };
+        rig.kafka.clone(),
+    );
     let mut producer = rig.kafka.clone();
     let owned: BTreeSet<i32> = [0].into();
     let outcome = recover(

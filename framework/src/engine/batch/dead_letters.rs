@@ -1,7 +1,7 @@
 //! The dead-letter record's contract, in one place: its error classes ([`FailureClass`])
 //! and, for the reference pages, what each header and the record mean. How a batch
 //! handles a record it cannot process (dead-lettered, skipped, or the instance stops,
-//! per `on_error`) is `engine/batch/on_error.rs`; the header names are `wire.rs`'s.
+//! per `on_error`) is `on_error.rs`; the header names are `wire.rs`'s.
 //!
 //! Invariants:
 //! - A dead letter is written in the same transaction as its input's offset: it exists

@@ -39,7 +39,7 @@ const EXPIRE_PER_BATCH: usize = 1_000;
 impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     /// What the delivery mode does before `records` are processed: exactly once opens
     /// the transaction, at most once commits their offsets.
-    pub(super) async fn open(&self, records: &[kafka::Record]) -> Result<()> {
+    pub(in crate::engine) async fn open(&self, records: &[kafka::Record]) -> Result<()> {
         match self.config.delivery {
             DeliveryMode::ExactlyOnce => self.producer.begin(),
             // A batch of timers alone has no offsets to commit.
@@ -51,7 +51,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
 
     /// Commits `records`, handled into `part`: outputs, changelog and offsets together (or
     /// per the delivery mode), then applies the part to the transaction log.
-    pub(super) async fn commit(
+    pub(in crate::engine) async fn commit(
         &self,
         records: &[kafka::Record],
         mut part: Part<'_, K::Pending>,
@@ -404,7 +404,7 @@ fn first_offsets(records: &[kafka::Record]) -> Vec<(i32, i64)> {
 }
 
 /// The offset after the last record of each partition: what the group commits.
-pub(super) fn next_offsets(records: &[kafka::Record]) -> Vec<(i32, i64)> {
+pub(in crate::engine) fn next_offsets(records: &[kafka::Record]) -> Vec<(i32, i64)> {
     let mut next = BTreeMap::new();
     for record in records {
         next.insert(record.partition, record.offset + 1);

@@ -16,7 +16,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::FutureExt;
 
 use crate::config::{DeliveryMode, EngineConfig};
-use crate::engine::dead_letters::FailureClass;
+use crate::engine::batch::dead_letters::FailureClass;
 use crate::event::Event;
 use crate::kafka;
 use crate::processor::{Context, Output, Processor, RecordMeta};
@@ -24,26 +24,26 @@ use crate::txlog::{Change, Overlay, View};
 use crate::{Error, Result};
 
 /// What the processing of one record is measured against.
-pub(super) struct Rules<'a> {
-    pub(super) config: &'a EngineConfig,
-    pub(super) declared: &'a BTreeSet<String>,
-    pub(super) changelog: &'a str,
+pub(in crate::engine) struct Rules<'a> {
+    pub(in crate::engine) config: &'a EngineConfig,
+    pub(in crate::engine) declared: &'a BTreeSet<String>,
+    pub(in crate::engine) changelog: &'a str,
     /// The largest record each output topic takes (key and value together).
-    pub(super) output_limits: &'a BTreeMap<String, usize>,
+    pub(in crate::engine) output_limits: &'a BTreeMap<String, usize>,
 }
 
 /// What a record is read against: the committed log as of the batch part's start, and
 /// the batch's writes since.
-pub(super) struct Seen<'a> {
-    pub(super) view: View<'a>,
+pub(in crate::engine) struct Seen<'a> {
+    pub(in crate::engine) view: View<'a>,
     /// Dedup entries processed before this are outside the window: not duplicates.
-    pub(super) window_start_ms: i64,
+    pub(in crate::engine) window_start_ms: i64,
     /// The engine's clock at the batch part's start.
-    pub(super) now_ms: i64,
+    pub(in crate::engine) now_ms: i64,
 }
 
 /// What to do with one record.
-pub(super) enum Verdict {
+pub(in crate::engine) enum Verdict {
     /// Its event ID was processed within the window: skip it.
     Duplicate,
     /// Processed: send `outputs`, merge `writes`, mark `event_id` processed.
@@ -66,7 +66,7 @@ pub(super) enum Verdict {
 impl Rules<'_> {
     /// Processes `record`: decode, event ID, dedup lookup, the processor (retried while
     /// it fails transiently, within budget), the size checks.
-    pub(super) async fn handle<P: Processor>(
+    pub(in crate::engine) async fn handle<P: Processor>(
         &self,
         processor: &mut P,
         record: &kafka::Record,
@@ -152,7 +152,7 @@ impl Rules<'_> {
     /// checked first and is this input's failure, before any of it enters the
     /// transaction. The same for what it adds to the changelog: a state value (or an
     /// event ID) over the changelog's limit would fail every transaction it is in.
-    pub(super) fn oversized(
+    pub(in crate::engine) fn oversized(
         &self,
         event_id: Option<&str>,
         writes: &[(i32, Vec<Change>)],
@@ -321,9 +321,9 @@ enum Processed {
 }
 
 /// One record's retry budget: its attempts and the backoff between them.
-pub(super) struct Retry {
+pub(in crate::engine) struct Retry {
     /// The attempt about to be made (1 for the first).
-    pub(super) attempt: u32,
+    pub(in crate::engine) attempt: u32,
     started: std::time::Instant,
     max_times: usize,
     /// Built at the first failure: most records never fail, and a record costs a few
@@ -333,7 +333,7 @@ pub(super) struct Retry {
 
 impl Retry {
     /// The budget of a record whose first attempt starts at `started`.
-    pub(super) fn new(config: &EngineConfig, started: std::time::Instant) -> Self {
+    pub(in crate::engine) fn new(config: &EngineConfig, started: std::time::Instant) -> Self {
         Retry {
             attempt: 1,
             started,
@@ -381,7 +381,7 @@ fn header_event_id(bytes: &[u8]) -> String {
     }
 }
 
-pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(in crate::engine) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
@@ -390,7 +390,10 @@ pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// `record`'s value decoded by the processor's codec ([`Processor::decode_input`]).
-pub(super) fn decode<P: Processor>(processor: &P, record: &kafka::Record) -> Result<P::Input> {
+pub(in crate::engine) fn decode<P: Processor>(
+    processor: &P,
+    record: &kafka::Record,
+) -> Result<P::Input> {
     processor
         .decode_input(record.value.as_deref().unwrap_or_default())
         .map_err(|message| Error::Decode {

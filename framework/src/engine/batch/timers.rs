@@ -22,9 +22,9 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
 
+use crate::engine::batch::dead_letters::FailureClass;
+use crate::engine::batch::record::Rules;
 use crate::engine::batch::{Batch, Part, merge};
-use crate::engine::dead_letters::FailureClass;
-use crate::engine::record::Rules;
 use crate::engine::seams::{Sink, Source};
 use crate::kafka;
 use crate::processor::{Context, Processor, RecordMeta};
@@ -41,7 +41,7 @@ const READ_AHEAD: usize = 64;
 impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     /// After `record` was processed: its partition's event time moves to its timestamp
     /// if that is later, and the event-time timers now due fire.
-    pub(super) async fn after_record<P: Processor>(
+    pub(in crate::engine) async fn after_record<P: Processor>(
         &self,
         processor: &mut P,
         record: &kafka::Record,
@@ -80,7 +80,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
 
     /// Fires `partition`'s timers of `clock` due at or before `up_to` (wall clock: the
     /// part's start when `None`), in due order; how many fired or failed.
-    pub(super) async fn fire_due<P: Processor>(
+    pub(in crate::engine) async fn fire_due<P: Processor>(
         &self,
         processor: &mut P,
         part: &mut Part<'_, K::Pending>,
@@ -166,7 +166,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
                 FailureClass::Panic,
                 Error::processing(format!(
                     "on_timer panicked: {}",
-                    crate::engine::record::panic_message(&*panic)
+                    crate::engine::batch::record::panic_message(&*panic)
                 )),
             )),
         };
@@ -201,7 +201,7 @@ impl<S: Source, K: Sink<S>> Batch<'_, S, K> {
     /// A batch of timers alone, for a poll that brought no records: the wall-clock
     /// timers of `partitions` that are due fire in one transaction. Nothing is begun
     /// when none is due.
-    pub(super) async fn run_timers<P: Processor>(
+    pub(in crate::engine) async fn run_timers<P: Processor>(
         &self,
         processor: &mut P,
         partitions: &BTreeSet<i32>,
