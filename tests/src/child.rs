@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// are a few lines per recovery, and what an exactly-once failure of the fault matrix
 /// needs to explain itself: the repeat runs' one loss (`tests/RESULTS.md`, ninth
 /// session) had warnings only, and the decision that skipped the records was not in it.
-const INSTANCE_LOG: &str = "onceflow=warn,onceflow::engine::recovery=info,onceflow::engine::changelog=info,onceflow::engine::serve=info";
+pub const INSTANCE_LOG: &str = "onceflow=warn,onceflow::engine::recovery=info,onceflow::engine::changelog=info,onceflow::engine::serve=info";
 
 /// How to start one instance.
 #[derive(Debug, Clone)]
